@@ -1,0 +1,179 @@
+"""Argument specifications: what one kernel parameter accepts, as plain data.
+
+An :class:`ArgSpec` is how a compiled signature describes a parameter without
+Numba's type objects, so the worker can match and marshal arguments with numpy
+alone.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+# Numba spells a few dtypes differently from numpy.
+_NUMBA_DTYPE_NAMES = {"bool": "boolean"}
+
+SCALAR_DTYPES = frozenset(
+    "bool int8 int16 int32 int64 uint8 uint16 uint32 uint64 "
+    "float16 float32 float64 complex64 complex128".split()
+)
+
+
+@dataclass(frozen=True)
+class ArgSpec:
+    """One kernel parameter.
+
+    Parameters
+    ----------
+    kind : {"array", "scalar"}
+    dtype : str
+        numpy dtype name of the scalar or of the array's elements.
+    ndim : int
+        Array rank; 0 for scalars.
+    layout : {"C", "F", "A"}
+        Contiguity the signature requires; "A" takes any strides.
+    """
+
+    kind: str
+    dtype: str
+    ndim: int = 0
+    layout: str = "A"
+
+    def __post_init__(self):
+        if self.kind not in ("array", "scalar"):
+            raise ValueError(f"ArgSpec kind must be 'array' or 'scalar', got {self.kind!r}")
+        if self.dtype not in SCALAR_DTYPES:
+            raise ValueError(
+                f"daskgpu supports parameters of dtypes {sorted(SCALAR_DTYPES)}, "
+                f"got {self.dtype!r}"
+            )
+        if self.layout not in ("C", "F", "A"):
+            raise ValueError(f"ArgSpec layout must be 'C', 'F' or 'A', got {self.layout!r}")
+
+    @property
+    def is_array(self) -> bool:
+        return self.kind == "array"
+
+    @property
+    def np_dtype(self) -> np.dtype:
+        return np.dtype(self.dtype)
+
+    def __str__(self) -> str:
+        name = _NUMBA_DTYPE_NAMES.get(self.dtype, self.dtype)
+        if not self.is_array:
+            return name
+        dims = [":"] * self.ndim
+        if self.ndim and self.layout == "C":
+            dims[-1] = "::1"
+        elif self.ndim and self.layout == "F":
+            dims[0] = "::1"
+        return f"{name}[{', '.join(dims)}]"
+
+    # -- matching -----------------------------------------------------------
+    def accepts(self, value) -> bool:
+        """Whether ``value`` can be passed for this parameter without a lossy cast."""
+        if self.is_array:
+            info = array_info(value)
+            if info is None:
+                return False
+            dtype, shape, strides = info
+            return (
+                dtype == self.np_dtype
+                and len(shape) == self.ndim
+                and _has_layout(shape, strides, dtype.itemsize, self.layout)
+            )
+        if array_info(value) is not None:
+            return False
+        return _scalar_fits(value, self.np_dtype)
+
+
+def array_info(value):
+    """``(dtype, shape, strides)`` of a host or device array, else None.
+
+    Device arrays are read through ``__cuda_array_interface__`` so CuPy, Numba
+    and PyTorch arrays are recognised without importing them.
+    """
+    if isinstance(value, np.ndarray):
+        return value.dtype, value.shape, value.strides
+    cai = getattr(value, "__cuda_array_interface__", None)
+    if cai is None:
+        return None
+    dtype = np.dtype(cai["typestr"])
+    shape = tuple(cai["shape"])
+    strides = cai.get("strides") or c_strides(shape, dtype.itemsize)
+    return dtype, shape, tuple(strides)
+
+
+def c_strides(shape, itemsize):
+    strides, step = [], itemsize
+    for n in reversed(shape):
+        strides.append(step)
+        step *= max(n, 1)
+    return tuple(reversed(strides))
+
+
+def layout_of(shape, strides, itemsize) -> str:
+    """Numba's layout letter for an array: "C", "F" or "A"."""
+    if _has_layout(shape, strides, itemsize, "C"):
+        return "C"
+    return "F" if _has_layout(shape, strides, itemsize, "F") else "A"
+
+
+def _has_layout(shape, strides, itemsize, layout) -> bool:
+    if layout == "A":
+        return True
+    if layout == "C":
+        return _contiguous(shape, strides, itemsize, reversed(range(len(shape))))
+    return _contiguous(shape, strides, itemsize, range(len(shape)))
+
+
+def _contiguous(shape, strides, itemsize, order) -> bool:
+    step = itemsize
+    for axis in order:
+        if shape[axis] != 1 and strides[axis] != step:
+            return False
+        step *= shape[axis]
+    return True
+
+
+def _scalar_fits(value, dtype: np.dtype) -> bool:
+    if isinstance(value, (bool, np.bool_)):
+        return dtype.kind == "b"
+    if isinstance(value, np.generic):
+        return np.can_cast(value.dtype, dtype, casting="same_kind") and (
+            dtype.kind != "b"
+        ) and _in_range(value, dtype)
+    if isinstance(value, int):
+        return dtype.kind in "iufc" and _in_range(value, dtype)
+    if isinstance(value, float):
+        return dtype.kind in "fc"
+    if isinstance(value, complex):
+        return dtype.kind == "c"
+    return False
+
+
+def _in_range(value, dtype: np.dtype) -> bool:
+    if dtype.kind in "iu":
+        if isinstance(value, np.generic) and value.dtype.kind not in "iub":
+            return False
+        info = np.iinfo(dtype)
+        return info.min <= int(value) <= info.max
+    return True
+
+
+def describe(value) -> str:
+    """A short type description of an argument for error messages."""
+    info = array_info(value)
+    if info is not None:
+        dtype, shape, strides = info
+        layout = layout_of(shape, strides, dtype.itemsize)
+        where = "host" if isinstance(value, np.ndarray) else "device"
+        return str(ArgSpec("array", dtype.name, len(shape), layout)) + f" ({where})"
+    if isinstance(value, np.generic):
+        return value.dtype.name
+    return type(value).__name__
+
+
+def signature_str(specs) -> str:
+    return "(" + ", ".join(str(s) for s in specs) + ")"

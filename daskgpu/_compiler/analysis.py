@@ -1,0 +1,144 @@
+"""What a kernel writes and how many grid dimensions it uses, from Numba's typed IR.
+
+The write set decides which arrays a launch copies back and returns. It is a
+may-write analysis: every variable that can hold (a view of) an argument array
+is tracked, and an argument counts as written when such a variable is stored
+into, passed to an atomic, passed to a device function that writes that
+parameter, or passed to anything the analysis does not know to be read-only.
+"""
+
+from __future__ import annotations
+
+from numba.cuda import types
+from numba.cuda.core import ir
+
+# Calls known not to write through their array arguments.
+_READ_ONLY_BUILTINS = frozenset({len, min, max, abs, range, bool, int, float, complex,
+                                 slice, enumerate, zip, print})
+_READ_ONLY_METHODS = frozenset({
+    "reshape", "ravel", "flatten", "view", "transpose", "copy", "sum", "prod",
+    "min", "max", "mean", "item", "astype", "argmax", "argmin", "all", "any", "dot",
+    "conj", "conjugate", "take", "nonzero", "cumsum", "cumprod", "var", "std",
+})
+_SCALAR_TYPES = (types.Number, types.Boolean, types.NoneType, types.Literal,
+                 types.EnumMember, types.Function, types.Module)
+
+
+def _holds_array(typ) -> bool:
+    # Anything that is not plainly a scalar may hold an array (tuples, records,
+    # iterators): tracking too much only over-approximates the write set.
+    return typ is not None and not isinstance(typ, _SCALAR_TYPES)
+
+
+def _is_atomic(fn_type) -> bool:
+    key = getattr(fn_type, "typing_key", None)
+    return getattr(key, "__module__", "") == "numba.cuda.stubs" and getattr(
+        key, "__qualname__", ""
+    ).startswith("atomic.")
+
+
+def _grid_call(fn_type):
+    key = getattr(fn_type, "typing_key", None)
+    name = getattr(key, "__name__", getattr(key, "_name", None))
+    if name in ("grid", "gridsize") and "cuda" in repr(key) + getattr(key, "__module__", ""):
+        return name
+    return None
+
+
+class KernelAnalysis:
+    """Results of analysing one typed function: written parameters and grid rank."""
+
+    def __init__(self, written: frozenset, grid_ndim: int):
+        self.written = written
+        self.grid_ndim = grid_ndim
+
+    def __repr__(self):
+        return f"KernelAnalysis(written={sorted(self.written)}, grid_ndim={self.grid_ndim})"
+
+
+def analyse(type_annotation, nargs: int, _depth: int = 0) -> KernelAnalysis:
+    """Analyse the typed IR of a kernel or device function with ``nargs`` parameters."""
+    typemap = type_annotation.typemap
+    calltypes = type_annotation.calltypes
+    blocks = type_annotation.blocks
+    aliases: dict[str, frozenset] = {}
+    consts: dict[str, object] = {}
+    writes: set = set()
+    grid_ndim = 0
+
+    def of(var) -> frozenset:
+        return aliases.get(var.name, frozenset())
+
+    # Iterate to a fixed point: loops can carry a view into an earlier block.
+    changed = True
+    while changed:
+        changed = False
+        for block in blocks.values():
+            for stmt in block.body:
+                if isinstance(stmt, ir.Assign):
+                    target, value = stmt.target.name, stmt.value
+                    new = frozenset()
+                    if isinstance(value, ir.Arg):
+                        new = frozenset({value.index})
+                    elif isinstance(value, ir.Const):
+                        consts[target] = value.value
+                    elif isinstance(value, ir.Var):
+                        new = of(value)
+                    elif isinstance(value, ir.Expr) and _holds_array(typemap.get(target)):
+                        new = frozenset().union(*(of(v) for v in value.list_vars()))
+                    if not _holds_array(typemap.get(target)):
+                        new = frozenset()
+                    if new - aliases.get(target, frozenset()):
+                        aliases[target] = aliases.get(target, frozenset()) | new
+                        changed = True
+
+    for block in blocks.values():
+        for stmt in block.body:
+            if isinstance(stmt, (ir.SetItem, ir.StaticSetItem, ir.SetAttr)):
+                writes |= of(stmt.target)
+            elif isinstance(stmt, ir.Assign) and isinstance(stmt.value, ir.Expr):
+                expr = stmt.value
+                if expr.op == "inplace_binop":
+                    writes |= of(expr.lhs)
+                elif expr.op == "call":
+                    writes |= _call_writes(expr, typemap, calltypes, of, _depth)
+                    fn_type = typemap.get(expr.func.name)
+                    if _grid_call(fn_type) and expr.args:
+                        n = consts.get(expr.args[0].name, 1)
+                        grid_ndim = max(grid_ndim, n if isinstance(n, int) else 1)
+    written = frozenset(i for i in writes if i < nargs)
+    return KernelAnalysis(written, grid_ndim)
+
+
+def _call_writes(expr, typemap, calltypes, of, depth) -> set:
+    arg_aliases = [of(a) for a in expr.args] + [of(v) for _, v in expr.kws]
+    touched = set().union(*arg_aliases) if arg_aliases else set()
+    if not touched:
+        return set()
+    fn_type = typemap.get(expr.func.name)
+    if _is_atomic(fn_type):
+        return set(arg_aliases[0]) if arg_aliases else set()
+    if isinstance(fn_type, types.Function):
+        key = getattr(fn_type, "typing_key", None)
+        module = getattr(key, "__module__", "") or ""
+        if key in _READ_ONLY_BUILTINS or module in ("math", "cmath") or _grid_call(fn_type):
+            return set()
+        if module.startswith("numba.cuda") and not _is_atomic(fn_type):
+            # CUDA intrinsics (syncthreads, shared.array, fp16 math, ...) other
+            # than atomics read their arguments only.
+            return set()
+        return touched
+    if isinstance(fn_type, types.BoundFunction):
+        method = str(fn_type.typing_key).rpartition(".")[2]
+        if method in _READ_ONLY_METHODS:
+            return set()
+        return touched
+    dispatcher = getattr(fn_type, "dispatcher", None)
+    if dispatcher is not None and depth < 20 and not expr.kws and not expr.vararg:
+        sig = calltypes.get(expr)
+        cres = dispatcher.overloads.get(tuple(sig.args)) if sig is not None else None
+        ta = getattr(cres, "type_annotation", None)
+        if ta is not None:
+            inner = analyse(ta, len(expr.args), depth + 1)
+            return set().union(*(arg_aliases[i] for i in inner.written)) if inner.written else set()
+    return touched

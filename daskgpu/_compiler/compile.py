@@ -1,0 +1,155 @@
+"""Compile one signature of a Python function into a :class:`KernelImage`."""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+
+from numba.cuda import types
+from numba.cuda.compiler import compile_cuda, kernel_fixup
+
+from daskgpu._compiler.analysis import analyse
+from daskgpu._compiler.signatures import to_argspec
+from daskgpu._compiler.target import compiling_for
+from daskgpu._errors import CompileError
+from daskgpu._image import KernelImage, LinkInput
+
+
+def parse_cc(cc) -> tuple:
+    """A compute capability from ``"8.0"``, ``80``, ``(8, 0)`` or ``"sm_80"``."""
+    if isinstance(cc, (tuple, list)) and len(cc) == 2:
+        return (int(cc[0]), int(cc[1]))
+    text = str(cc).lower().removeprefix("sm_").removeprefix("compute_")
+    m = re.fullmatch(r"(\d+)\.(\d+)", text) or re.fullmatch(r"(\d+)(\d)", text)
+    if m is None:
+        raise CompileError(
+            f"cannot read compute capability {cc!r}; write it as '8.0', (8, 0) or 'sm_80'"
+        )
+    return (int(m.group(1)), int(m.group(2)))
+
+
+@dataclass(frozen=True)
+class CompileOptions:
+    """Options of :func:`daskgpu.jit`, validated without a device."""
+
+    targets: tuple = ()
+    fastmath: bool = False
+    debug: bool = False
+    lineinfo: bool = False
+    max_registers: int | None = None
+    opt: bool = True
+    link: tuple = ()
+
+    def __post_init__(self):
+        if not self.targets:
+            from daskgpu import _config
+
+            object.__setattr__(self, "targets", (parse_cc(_config.get("target-cc")),))
+        object.__setattr__(
+            self, "targets", tuple(sorted({parse_cc(cc) for cc in self.targets}))
+        )
+        if self.max_registers is not None and not 1 <= int(self.max_registers) <= 255:
+            raise CompileError(f"max_registers must be in 1..255, got {self.max_registers!r}")
+        for path in self.link:
+            if not os.path.isfile(path):
+                raise CompileError(f"link file {path!r} does not exist")
+
+
+_LINK_KINDS = {
+    ".ptx": "ptx", ".cubin": "cubin", ".fatbin": "fatbin", ".ltoir": "ltoir",
+    ".o": "object", ".a": "library", ".cu": "cu",
+}
+
+
+def _link_inputs(paths, cc, options) -> tuple:
+    out = []
+    for path in paths:
+        ext = os.path.splitext(str(path))[1].lower()
+        kind = _LINK_KINDS.get(ext)
+        if kind is None:
+            raise CompileError(
+                f"cannot link {path!r}: daskgpu links {sorted(_LINK_KINDS)} files"
+            )
+        name = os.path.basename(str(path))
+        with open(path, "rb") as f:
+            data = f.read()
+        if kind == "cu":
+            # CUDA C is compiled here, once, so workers need no NVRTC.
+            from numba.cuda.cudadrv import nvrtc
+
+            ptx, _ = nvrtc.compile(data.decode(), name, cc, lineinfo=options.lineinfo,
+                                   debug=options.debug)
+            data = ptx.code if hasattr(ptx, "code") else ptx
+            data = data.encode() if isinstance(data, str) else bytes(data)
+            kind, name = "ptx", name[:-3] + ".ptx"
+        out.append(LinkInput(name, kind, data))
+    return tuple(out)
+
+
+def _versions(ptx: str) -> tuple:
+    import numba_cuda
+
+    m = re.search(r"^\s*\.version\s+(\S+)", ptx, re.MULTILINE)
+    build = re.search(r"Cuda compilation tools, release (\S+?),", ptx)
+    return (
+        ("numba-cuda", numba_cuda.__version__),
+        ("nvvm", build.group(1) if build else "unknown"),
+        ("ptx-isa", m.group(1) if m else "unknown"),
+    )
+
+
+def compile_image(py_func, argtypes, options: CompileOptions) -> KernelImage:
+    """Compile ``py_func`` for ``argtypes`` to PTX for each of ``options.targets``.
+
+    Needs no GPU or driver: typing runs for the lowest target and NVVM lowers the
+    same library once per target.
+    """
+    name = f"{py_func.__module__}.{py_func.__qualname__}"
+    specs = tuple(to_argspec(t, i, name) for i, t in enumerate(argtypes))
+    lowest = options.targets[0]
+    nvvm_options = {"fastmath": options.fastmath, "opt": 3 if options.opt else 0}
+    if options.debug:
+        nvvm_options["g"] = None
+    try:
+        with compiling_for(lowest):
+            cres = compile_cuda(
+                py_func, types.void, argtypes,
+                debug=options.debug, lineinfo=options.lineinfo,
+                fastmath=options.fastmath, nvvm_options=nvvm_options,
+                cc=lowest, max_registers=options.max_registers,
+            )
+            lib = cres.library
+            fn = lib.get_function(cres.fndesc.llvm_func_name)
+            lib._entry_name = cres.fndesc.llvm_func_name
+            kernel_fixup(fn, options.debug)
+            entry = fn.name
+            ptx = tuple((cc, lib.get_asm_str(cc=cc)) for cc in options.targets)
+            implicit_links = tuple(
+                p for p in getattr(lib, "_linking_files", ()) if isinstance(p, str)
+            )
+    except Exception as exc:
+        if isinstance(exc, CompileError):
+            raise
+        raise CompileError(
+            f"compiling {name} for ({', '.join(map(str, argtypes))}) failed:\n{exc}"
+        ) from exc
+    if cres.signature.return_type not in (types.void, types.none):
+        raise CompileError(f"kernel {name} must not return a value")
+    analysis = analyse(cres.type_annotation, len(argtypes))
+    return KernelImage(
+        name=name,
+        entry=entry,
+        ptx=ptx,
+        args=specs,
+        writes=tuple(sorted(analysis.written)),
+        grid_ndim=analysis.grid_ndim,
+        links=_link_inputs(tuple(options.link) + implicit_links, lowest, options),
+        options=(
+            ("debug", options.debug),
+            ("fastmath", options.fastmath),
+            ("lineinfo", options.lineinfo),
+            ("max_registers", options.max_registers),
+        ),
+        versions=_versions(ptx[0][1]),
+    )

@@ -1,0 +1,259 @@
+"""Launch configurations, launches, and the PTX-only kernel a worker receives.
+
+Everything here is plain data plus dispatch; it imports neither numba nor a GPU
+library at module level, so unpickling a launch is cheap and needs no device.
+"""
+
+from __future__ import annotations
+
+import operator
+
+from daskgpu._argspec import describe, signature_str
+from daskgpu._errors import LaunchConfigError, PicklingError
+
+
+def _dims(value, what: str) -> tuple:
+    dims = value if isinstance(value, tuple | list) else (value,)
+    if not 1 <= len(dims) <= 3:
+        raise LaunchConfigError(f"{what} must have 1 to 3 dimensions, got {value!r}")
+    try:
+        dims = tuple(operator.index(d) for d in dims)
+    except TypeError:
+        raise LaunchConfigError(f"{what} must be integers, got {value!r}") from None
+    if any(d < 1 for d in dims):
+        raise LaunchConfigError(
+            f"{what} {value!r} has a dimension below 1; every dimension must be at least 1"
+        )
+    return dims + (1,) * (3 - len(dims))
+
+
+class LaunchConfig:
+    """How to launch: ``griddim``/``blockdim``, or forall-style ``ntasks``/``tpb``.
+
+    Parameters
+    ----------
+    griddim, blockdim : int or tuple of int
+        Blocks per grid and threads per block (1 to 3 dimensions).
+    stream : int or stream object, optional
+        The CUDA stream; 0 or None is the legacy default stream.
+    sharedmem : int
+        Dynamic shared memory per block, in bytes.
+    ntasks : int or tuple of int, optional
+        For a forall launch: the number of tasks per dimension; the block size
+        then comes from the occupancy API of the linked kernel.
+    tpb : int
+        Threads per block for a forall launch; 0 asks the occupancy API.
+
+    Examples
+    --------
+    >>> LaunchConfig(4, 128)
+    LaunchConfig(griddim=(4, 1, 1), blockdim=(128, 1, 1))
+    >>> LaunchConfig(ntasks=1000)
+    LaunchConfig(ntasks=1000)
+    """
+
+    __slots__ = ("griddim", "blockdim", "stream", "sharedmem", "ntasks", "tpb")
+
+    def __init__(self, griddim=None, blockdim=None, stream=0, sharedmem=0, *,
+                 ntasks=None, tpb=0):
+        if ntasks is None:
+            if griddim is None or blockdim is None:
+                raise LaunchConfigError("a launch needs both griddim and blockdim")
+            griddim, blockdim = _dims(griddim, "griddim"), _dims(blockdim, "blockdim")
+        else:
+            if isinstance(ntasks, list):
+                ntasks = tuple(ntasks)
+            counts = ntasks if isinstance(ntasks, tuple) else (ntasks,)
+            if not 1 <= len(counts) <= 3 or any(operator.index(n) < 0 for n in counts):
+                raise LaunchConfigError(
+                    f"forall ntasks must be 1 to 3 non-negative integers, got {ntasks!r}"
+                )
+            if operator.index(tpb) < 0:
+                raise LaunchConfigError(f"tpb must be 0 (automatic) or positive, got {tpb!r}")
+        if operator.index(sharedmem) < 0:
+            raise LaunchConfigError(f"sharedmem must be non-negative, got {sharedmem!r}")
+        self.griddim, self.blockdim = griddim, blockdim
+        self.stream, self.sharedmem = stream, int(sharedmem)
+        self.ntasks, self.tpb = ntasks, int(tpb)
+
+    def _identity(self):
+        return (self.griddim, self.blockdim, self.sharedmem, self.ntasks, self.tpb,
+                id(self.stream) if self.stream not in (None, 0) else 0)
+
+    def __eq__(self, other):
+        return isinstance(other, LaunchConfig) and self._identity() == other._identity()
+
+    def __hash__(self):
+        return hash(self._identity())
+
+    def __repr__(self):
+        if self.ntasks is not None:
+            parts = [f"ntasks={self.ntasks}"] + ([f"tpb={self.tpb}"] if self.tpb else [])
+        else:
+            parts = [f"griddim={self.griddim}", f"blockdim={self.blockdim}"]
+        if self.sharedmem:
+            parts.append(f"sharedmem={self.sharedmem}")
+        if self.stream not in (None, 0):
+            parts.append(f"stream={self.stream!r}")
+        return f"LaunchConfig({', '.join(parts)})"
+
+    def __reduce__(self):
+        if self.stream not in (None, 0):
+            raise PicklingError(
+                "a launch bound to a CUDA stream cannot be shipped to another process; "
+                "configure it without a stream (kernel.configure(griddim, blockdim))"
+            )
+        return _rebuild_config, (self.griddim, self.blockdim, self.sharedmem,
+                                 self.ntasks, self.tpb)
+
+
+def _rebuild_config(griddim, blockdim, sharedmem, ntasks, tpb):
+    return LaunchConfig(griddim, blockdim, 0, sharedmem, ntasks=ntasks, tpb=tpb)
+
+
+def written_result(args, writes):
+    """What a launch returns: ``None``, the one written array, or a tuple of them."""
+    if not writes:
+        return None
+    if len(writes) == 1:
+        return args[writes[0]]
+    return tuple(args[i] for i in writes)
+
+
+class Launch:
+    """A kernel with a launch configuration: a picklable callable.
+
+    Calling it launches the kernel and returns what the kernel wrote: one array,
+    a tuple of arrays in argument order, or None. Pickled, it carries only the
+    kernel's compiled images (PTX and argument specs).
+    """
+
+    __slots__ = ("kernel", "config")
+
+    def __init__(self, kernel, config: LaunchConfig):
+        self.kernel = kernel
+        self.config = config
+
+    def __call__(self, *args):
+        image = self.kernel._select(args)
+        return self.kernel._run(image, self.config, args)
+
+    def __reduce__(self):
+        return Launch, (self.kernel, self.config)
+
+    def __repr__(self):
+        return f"<Launch {self.kernel.__name__} {self.config!r}>"
+
+    @property
+    def __name__(self):  # Dask names tasks after their function
+        return self.kernel.__name__
+
+
+class LaunchAPI:
+    """Numba's launch syntax, shared by client and PTX-only kernels."""
+
+    def __getitem__(self, config) -> Launch:
+        """``kernel[griddim, blockdim]`` or ``kernel[griddim, blockdim, stream, sharedmem]``."""
+        if not isinstance(config, tuple) or not 2 <= len(config) <= 4:
+            raise LaunchConfigError(
+                "launch as kernel[griddim, blockdim] or "
+                f"kernel[griddim, blockdim, stream, sharedmem], got kernel[{config!r}]"
+            )
+        return self.configure(*config)
+
+    def configure(self, griddim, blockdim, stream=0, sharedmem=0) -> Launch:
+        """A :class:`Launch` of this kernel on ``griddim`` blocks of ``blockdim`` threads.
+
+        Examples
+        --------
+        >>> import daskgpu as dg
+        >>> from numba import cuda
+        >>> @dg.jit("void(float32[::1])")
+        ... def fill(out):
+        ...     i = cuda.grid(1)
+        ...     if i < out.size:
+        ...         out[i] = i
+        >>> fill.configure(4, 256)
+        <Launch fill LaunchConfig(griddim=(4, 1, 1), blockdim=(256, 1, 1))>
+        """
+        return Launch(self, LaunchConfig(griddim, blockdim, stream, sharedmem))
+
+    def forall(self, ntasks, tpb=0, stream=0, sharedmem=0) -> Launch:
+        """A :class:`Launch` covering ``ntasks`` threads, block size from occupancy.
+
+        ``ntasks`` may be a tuple for kernels that use ``cuda.grid(2)`` or
+        ``cuda.grid(3)``.
+
+        Examples
+        --------
+        >>> import daskgpu as dg
+        >>> from numba import cuda
+        >>> @dg.jit("void(float32[::1])")
+        ... def fill(out):
+        ...     i = cuda.grid(1)
+        ...     if i < out.size:
+        ...         out[i] = i
+        >>> fill.forall(1000)
+        <Launch fill LaunchConfig(ntasks=1000)>
+        """
+        return Launch(self, LaunchConfig(ntasks=ntasks, tpb=tpb, stream=stream,
+                                         sharedmem=sharedmem))
+
+    # -- dispatch, shared by both kinds of kernel ----------------------------
+    def _run(self, image, config, args):
+        if image.py_func is not None:
+            from daskgpu import _simulate
+
+            _simulate.run(image, config, args)
+        else:
+            from daskgpu._runtime.launcher import run
+
+            run(image, config, args)
+        return written_result(args, image.writes)
+
+
+def select_image(name, images, args):
+    """The first image whose argument specs accept ``args``; else ``TypeError``."""
+    for image in images:
+        if len(image.args) == len(args) and all(
+            spec.accepts(a) for spec, a in zip(image.args, args)
+        ):
+            return image
+    received = "(" + ", ".join(describe(a) for a in args) + ")"
+    shipped = "\n  ".join(signature_str(im.args) for im in images) or "(none)"
+    raise TypeError(
+        f"no compiled signature of kernel {name!r} matches the arguments {received}.\n"
+        f"Compiled signatures:\n  {shipped}\n"
+        "Pass arguments of one of these types (arrays of that dtype, rank and layout), "
+        "or compile the signature on the client first: kernel.compile(sig) or "
+        "kernel.specialize(*args)."
+    )
+
+
+class PTXKernel(LaunchAPI):
+    """A compiled kernel as plain data: its images, one per signature.
+
+    This is what a client :class:`~daskgpu.Kernel` becomes when pickled and what
+    :func:`daskgpu.load` returns. It launches like a Numba kernel but cannot
+    compile new signatures.
+    """
+
+    def __init__(self, images):
+        images = tuple(images)
+        if not images:
+            raise PicklingError("a PTXKernel needs at least one compiled image")
+        self.images = images
+        self.__name__ = images[0].name.rpartition(".")[2]
+
+    @property
+    def signatures(self):
+        return [im.signature for im in self.images]
+
+    def _select(self, args):
+        return select_image(self.__name__, self.images, args)
+
+    def __reduce__(self):
+        return PTXKernel, (self.images,)
+
+    def __repr__(self):
+        return f"<PTXKernel {self.__name__} signatures={self.signatures}>"

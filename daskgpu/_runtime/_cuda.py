@@ -1,0 +1,71 @@
+"""Thin helpers over ``cuda.bindings.driver``: error checking and versions."""
+
+from __future__ import annotations
+
+import functools
+
+from cuda.bindings import driver
+
+from daskgpu._errors import DeviceError
+
+# Errors after which the context is unusable for the rest of the process.
+STICKY_ERRORS = frozenset(
+    getattr(driver.CUresult, name)
+    for name in (
+        "CUDA_ERROR_ILLEGAL_ADDRESS",
+        "CUDA_ERROR_ILLEGAL_INSTRUCTION",
+        "CUDA_ERROR_MISALIGNED_ADDRESS",
+        "CUDA_ERROR_INVALID_ADDRESS_SPACE",
+        "CUDA_ERROR_INVALID_PC",
+        "CUDA_ERROR_LAUNCH_FAILED",
+        "CUDA_ERROR_HARDWARE_STACK_ERROR",
+        "CUDA_ERROR_ASSERT",
+    )
+    if hasattr(driver.CUresult, name)
+)
+
+
+class CUDAError(DeviceError):
+    """A CUDA driver call failed; ``code`` is the ``CUresult``."""
+
+    def __init__(self, code, what: str):
+        self.code = code
+        err, name = driver.cuGetErrorName(code)
+        err, text = driver.cuGetErrorString(code)
+        name = name.decode() if isinstance(name, bytes) else str(code)
+        text = text.decode() if isinstance(text, bytes) else ""
+        self.sticky = code in STICKY_ERRORS
+        hint = (
+            " This error leaves the CUDA context unusable: the worker process must"
+            " be restarted (a Dask nanny does this when the task fails)."
+            if self.sticky else ""
+        )
+        super().__init__(f"{what} failed: {name}: {text}.{hint}")
+
+
+def check(result, what: str):
+    """Unpack a ``cuda.bindings`` result tuple, raising :class:`CUDAError`."""
+    err = result[0]
+    if err != driver.CUresult.CUDA_SUCCESS:
+        raise CUDAError(err, what)
+    if len(result) == 1:
+        return None
+    return result[1] if len(result) == 2 else result[1:]
+
+
+@functools.cache
+def driver_version() -> tuple:
+    """The CUDA driver API version as ``(major, minor)``."""
+    v = check(driver.cuDriverGetVersion(), "cuDriverGetVersion")
+    return (v // 1000, (v % 1000) // 10)
+
+
+@functools.cache
+def nvjitlink_version() -> tuple | None:
+    """nvJitLink's ``(major, minor)``, or None when it is not installed."""
+    try:
+        from cuda.bindings import nvjitlink
+
+        return tuple(nvjitlink.version())
+    except Exception:
+        return None

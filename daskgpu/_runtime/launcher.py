@@ -1,0 +1,189 @@
+"""Run one launch of a :class:`KernelImage` on this thread's GPU."""
+
+from __future__ import annotations
+
+import numpy as np
+from cuda.bindings import driver
+from cuda.core import ObjectCode
+
+from daskgpu import _config
+from daskgpu._argspec import array_info
+from daskgpu._runtime import device as _device
+from daskgpu._runtime._cuda import check, driver_version, nvjitlink_version
+from daskgpu._runtime.cache import DiskCache, ModuleCache
+from daskgpu._runtime.linking import link_cubin
+from daskgpu._runtime.marshal import ParamLayout, flatten
+
+#: The process-wide cache of linked kernels, keyed by (image hash, device id).
+module_cache = ModuleCache(int(_config.get("module-cache-size", 256)))
+
+
+class LinkedKernel:
+    """An image linked and loaded for one device."""
+
+    def __init__(self, image, state, cubin: bytes):
+        self.object_code = ObjectCode.from_cubin(cubin, name=image.name)
+        self.kernel = self.object_code.get_kernel(image.entry)
+        self.handle = self.kernel.handle
+        self.function = check(
+            driver.cuKernelGetFunction(self.handle), "cuKernelGetFunction"
+        )
+        self.max_threads = self.kernel.attributes.max_threads_per_block()
+        self.layout = ParamLayout(image.args)
+        self._block_size = {}
+
+    def block_size(self, sharedmem: int) -> int:
+        """The occupancy API's block size for this kernel and shared memory."""
+        size = self._block_size.get(sharedmem)
+        if size is None:
+            _, size = check(
+                driver.cuOccupancyMaxPotentialBlockSize(self.function, None, sharedmem, 0),
+                "cuOccupancyMaxPotentialBlockSize",
+            )
+            self._block_size[sharedmem] = size
+        return size
+
+
+def linked(image, state) -> LinkedKernel:
+    """``image`` linked for ``state``'s device: from memory, disk, or the linker."""
+
+    def build():
+        versions = (driver_version(), nvjitlink_version())
+        cache_dir = _config.get("cache-dir")
+        disk = DiskCache(cache_dir) if cache_dir else None
+        cubin = disk.load(image.hash, state.cc, versions) if disk else None
+        if cubin is None:
+            cubin = link_cubin(image, state.cc)
+            if disk:
+                disk.store(image.hash, state.cc, versions, cubin)
+        return LinkedKernel(image, state, cubin)
+
+    return module_cache.get((image.hash, state.id), build)
+
+
+def launch_dims(config, image, kernel: LinkedKernel):
+    """``(griddim, blockdim)`` as 3-tuples; forall configs get occupancy blocks."""
+    if config.ntasks is None:
+        return config.griddim, config.blockdim
+    ntasks = config.ntasks if isinstance(config.ntasks, tuple) else (config.ntasks,)
+    size = config.tpb or kernel.block_size(config.sharedmem)
+    block = _block_shape(size, len(ntasks))
+    grid = tuple(max(1, -(-n // b)) for n, b in zip(ntasks, block))
+    return _pad3(grid), _pad3(block)
+
+
+def _block_shape(size: int, ndim: int) -> tuple:
+    # Keep a warp along x, which is the fastest-varying axis of cuda.grid(n).
+    if ndim == 1:
+        return (size,)
+    x = min(32, size)
+    rest = size // x
+    if ndim == 2:
+        return (x, rest)
+    y = max(1, min(rest, 8))
+    return (x, y, max(1, rest // y))
+
+
+def _pad3(dims):
+    return tuple(dims) + (1,) * (3 - len(dims))
+
+
+def stream_handle(stream) -> int:
+    """The ``CUstream`` address of a stream given as int or stream object."""
+    if stream is None or stream == 0:
+        return 0
+    if isinstance(stream, int):
+        return stream
+    if hasattr(stream, "__cuda_stream__"):
+        return int(stream.__cuda_stream__()[1])
+    for attr in ("ptr", "handle", "cuda_stream"):
+        h = getattr(stream, attr, None)
+        if h is not None:
+            return int(getattr(h, "value", h) or 0)
+    raise TypeError(
+        f"cannot use {type(stream).__name__} as a CUDA stream; pass an int handle "
+        "or an object with __cuda_stream__ (cuda.core, CuPy) or .handle (Numba)"
+    )
+
+
+class _HostStaging:
+    """Device copies of the host arrays of one launch, freed on exit."""
+
+    def __init__(self, stream):
+        self.stream = stream
+        self.allocations = []
+        self.copy_back = []
+
+    def stage(self, array: np.ndarray, written: bool):
+        """Copy ``array`` to the device; return ``(ptr, shape, strides, itemsize)``."""
+        host = array
+        if not (array.flags.c_contiguous or array.flags.f_contiguous):
+            host = np.ascontiguousarray(array)
+        if host.nbytes == 0:
+            return (0, host.shape, host.strides, host.itemsize)
+        dptr = check(driver.cuMemAllocAsync(host.nbytes, self.stream), "cuMemAllocAsync")
+        self.allocations.append(dptr)
+        check(
+            driver.cuMemcpyHtoDAsync(dptr, host.ctypes.data, host.nbytes, self.stream),
+            "cuMemcpyHtoDAsync",
+        )
+        if written:
+            self.copy_back.append((array, host, dptr))
+        return (int(dptr), host.shape, host.strides, host.itemsize)
+
+    def finish(self):
+        """Copy written arrays back and wait for them."""
+        for array, host, dptr in self.copy_back:
+            check(
+                driver.cuMemcpyDtoHAsync(host.ctypes.data, dptr, host.nbytes, self.stream),
+                "cuMemcpyDtoHAsync",
+            )
+        check(driver.cuStreamSynchronize(self.stream), "cuStreamSynchronize")
+        for array, host, _ in self.copy_back:
+            if host is not array:
+                array[...] = host
+
+    def free(self):
+        for dptr in self.allocations:
+            driver.cuMemFreeAsync(dptr, self.stream)
+        self.allocations.clear()
+
+
+def run(image, config, args):
+    """Launch ``image`` with ``config`` on ``args``; return the arguments it wrote."""
+    state = _device.current()
+    kernel = linked(image, state)
+    griddim, blockdim = launch_dims(config, image, kernel)
+    state.limits.check(griddim, blockdim, config.sharedmem, kernel.max_threads, image.name)
+    stream = driver.CUstream(stream_handle(config.stream))
+    writes = image.writes
+    staging = None
+    values = []
+    try:
+        for i, (spec, arg) in enumerate(zip(image.args, args)):
+            if not spec.is_array:
+                flatten(spec, arg, values)
+            elif isinstance(arg, np.ndarray):
+                staging = staging or _HostStaging(stream)
+                flatten(spec, staging.stage(arg, i in writes), values)
+            else:
+                flatten(spec, _device_array(arg), values)
+        params = kernel.layout.pack(values)
+        check(
+            driver.cuLaunchKernel(
+                kernel.handle, *griddim, *blockdim, config.sharedmem, stream, params, 0
+            ),
+            f"launching kernel {image.name!r}",
+        )
+        if staging is not None:
+            staging.finish()
+    finally:
+        if staging is not None:
+            staging.free()
+    return args
+
+
+def _device_array(arg):
+    dtype, shape, strides = array_info(arg)
+    ptr = arg.__cuda_array_interface__["data"][0]
+    return (ptr, shape, strides, dtype.itemsize)

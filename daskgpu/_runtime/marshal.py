@@ -1,0 +1,99 @@
+"""Kernel parameters as Numba's data model lays them out, packed into one buffer.
+
+Numba flattens every kernel argument into PTX parameters: an array of rank n
+becomes ``meminfo, parent, nitems, itemsize, data, shape[n], strides[n]`` (all
+64-bit), a complex scalar becomes two floats, a bool one byte. The layout of an
+image's parameters is computed once; each launch packs its values into a
+reusable buffer whose parameter addresses go to ``cuLaunchKernel`` unchanged.
+"""
+
+from __future__ import annotations
+
+import struct
+import threading
+
+import numpy as np
+
+# struct codes of one scalar parameter (complex: two of them).
+_SCALAR_CODES = {
+    "bool": "B", "int8": "b", "uint8": "B", "int16": "h", "uint16": "H",
+    "int32": "i", "uint32": "I", "int64": "q", "uint64": "Q",
+    "float16": "e", "float32": "f", "float64": "d",
+    "complex64": "ff", "complex128": "dd",
+}
+
+
+def param_codes(spec) -> str:
+    """The struct codes of the PTX parameters one argument spec flattens to."""
+    if spec.is_array:
+        return "q" * (5 + 2 * spec.ndim)
+    return _SCALAR_CODES[spec.dtype]
+
+
+class ParamLayout:
+    """Where each flattened parameter of an image sits in a packed buffer."""
+
+    def __init__(self, specs):
+        self.specs = tuple(specs)
+        fmt, offsets, pos = ["="], [], 0
+        for spec in self.specs:
+            for code in param_codes(spec):
+                size = struct.calcsize("=" + code)
+                pad = -pos % size  # each parameter at its natural alignment
+                if pad:
+                    fmt.append(f"{pad}x")
+                    pos += pad
+                offsets.append(pos)
+                fmt.append(code)
+                pos += size
+        self.format = struct.Struct("".join(fmt))
+        self.offsets = tuple(offsets)
+        self.size = max(pos, 8)
+        self._local = threading.local()
+
+    def buffers(self):
+        """This thread's ``(param bytes, pointer array)``, made once per thread.
+
+        ``cuLaunchKernel`` copies parameters when called, so a buffer can be
+        reused for the next launch as soon as the call returns.
+        """
+        bufs = getattr(self._local, "bufs", None)
+        if bufs is None:
+            data = np.zeros(self.size, dtype=np.uint8)
+            base = data.ctypes.data
+            ptrs = np.array([base + o for o in self.offsets] or [0], dtype=np.uint64)
+            bufs = self._local.bufs = (data, ptrs)
+        return bufs
+
+    def pack(self, values) -> int:
+        """Pack flattened ``values``; return the address of the pointer array."""
+        data, ptrs = self.buffers()
+        self.format.pack_into(data, 0, *values)
+        return ptrs.ctypes.data
+
+
+def flatten(spec, value, out: list) -> None:
+    """Append the flattened parameter values of one argument to ``out``.
+
+    Arrays come as ``(pointer, shape, strides, itemsize)``; scalars as Python
+    or numpy scalars already matched against ``spec``.
+    """
+    if spec.is_array:
+        ptr, shape, strides, itemsize = value
+        nitems = 1
+        for n in shape:
+            nitems *= n
+        out += (0, 0, nitems, itemsize, ptr)
+        out += shape
+        out += strides
+        return
+    dtype = spec.dtype
+    if dtype.startswith("complex"):
+        c = complex(value)
+        out += (c.real, c.imag)
+    elif dtype == "bool":
+        out.append(1 if value else 0)
+    elif dtype.startswith("float"):
+        out.append(float(value))
+    else:
+        out.append(int(value))
