@@ -3,7 +3,13 @@
 A kernel is compiled once, on the client, to PTX. What travels to the workers
 is plain data (PTX text, argument specs, options), never the Python function;
 each worker links the PTX for its own GPU and caches the result.
+
+``import daskgpu`` does not import numba: the client half (``jit``, ``kernel``,
+``Kernel``) loads on first use, so workers that only unpickle launches never
+need it.
 """
+
+import importlib
 
 from daskgpu import _config  # registers the daskgpu section of dask.config
 from daskgpu._errors import (
@@ -17,26 +23,63 @@ from daskgpu._errors import (
     PTXVersionError,
 )
 from daskgpu._image import KernelImage
-from daskgpu._kernel import Kernel, jit, kernel
 from daskgpu._launch import Launch, LaunchConfig, PTXKernel
 
 __version__ = "0.1.0"
+
+# Public names served lazily from their modules (PEP 562), so that importing the
+# package costs neither numba (client half) nor distributed (cluster half).
+_LAZY = {
+    "Kernel": "daskgpu._kernel",
+    "jit": "daskgpu._kernel",
+    "kernel": "daskgpu._kernel",
+    "map_kernel": "daskgpu._mapping",
+    "Out": "daskgpu._mapping",
+    "offset": "daskgpu._mapping",
+    "LocalGPUCluster": "daskgpu._cluster",
+    "GPUWorkerPlugin": "daskgpu._plugin",
+    "device_info": "daskgpu._plugin",
+    "save": "daskgpu._bundle",
+    "load": "daskgpu._bundle",
+}
+
+
+def __getattr__(name):
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'daskgpu' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_LAZY))
+
 
 __all__ = [
     "BundleError",
     "CompileError",
     "DaskGPUError",
     "DeviceError",
+    "GPUWorkerPlugin",
     "Kernel",
     "KernelImage",
     "Launch",
     "LaunchConfig",
     "LaunchConfigError",
     "LinkError",
+    "LocalGPUCluster",
+    "Out",
     "PTXKernel",
     "PTXVersionError",
     "PicklingError",
     "__version__",
+    "device_info",
     "jit",
     "kernel",
+    "load",
+    "map_kernel",
+    "offset",
+    "save",
 ]

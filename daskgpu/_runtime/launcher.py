@@ -28,7 +28,13 @@ class LinkedKernel:
         self.function = check(
             driver.cuKernelGetFunction(self.handle), "cuKernelGetFunction"
         )
-        self.max_threads = self.kernel.attributes.max_threads_per_block()
+        self.max_threads = check(
+            driver.cuFuncGetAttribute(
+                driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK,
+                self.function,
+            ),
+            "cuFuncGetAttribute",
+        )
         self.layout = ParamLayout(image.args)
         self._block_size = {}
 
