@@ -113,12 +113,19 @@ def compile_image(py_func, argtypes, options: CompileOptions) -> KernelImage:
         nvvm_options["g"] = None
     try:
         with compiling_for(lowest):
+            # Typing infers the return type (None), so a kernel that returns a
+            # value gets the message below rather than a failed cast to void.
             cres = compile_cuda(
-                py_func, types.void, argtypes,
+                py_func, None, argtypes,
                 debug=options.debug, lineinfo=options.lineinfo,
                 fastmath=options.fastmath, nvvm_options=nvvm_options,
                 cc=lowest, max_registers=options.max_registers,
             )
+            if cres.signature.return_type not in (types.void, types.none):
+                raise CompileError(
+                    f"kernel {name} returns {cres.signature.return_type}; a kernel must "
+                    "not return a value: write results into an output array argument"
+                )
             lib = cres.library
             fn = lib.get_function(cres.fndesc.llvm_func_name)
             lib._entry_name = cres.fndesc.llvm_func_name
@@ -134,8 +141,6 @@ def compile_image(py_func, argtypes, options: CompileOptions) -> KernelImage:
         raise CompileError(
             f"compiling {name} for ({', '.join(map(str, argtypes))}) failed:\n{exc}"
         ) from exc
-    if cres.signature.return_type not in (types.void, types.none):
-        raise CompileError(f"kernel {name} must not return a value")
     analysis = analyse(cres.type_annotation, len(argtypes))
     return KernelImage(
         name=name,
