@@ -10,8 +10,9 @@ need it.
 """
 
 import importlib
+import sys
 
-from daskgpu import _config  # registers the daskgpu section of dask.config
+from daskgpu import _config
 from daskgpu._errors import (
     BundleError,
     CompileError,
@@ -26,6 +27,9 @@ from daskgpu._image import KernelImage
 from daskgpu._launch import Launch, LaunchConfig, PTXKernel
 
 __version__ = "0.1.0"
+
+if "dask" in sys.modules:  # else registered on first use, keeping bare workers light
+    _config.register()
 
 # Public names served lazily from their modules (PEP 562), so that importing the
 # package costs neither numba (client half) nor distributed (cluster half).

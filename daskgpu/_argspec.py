@@ -57,7 +57,7 @@ class ArgSpec:
 
     @property
     def np_dtype(self) -> np.dtype:
-        return np.dtype(self.dtype)
+        return _DTYPES[self.dtype]
 
     def __str__(self) -> str:
         name = _NUMBA_DTYPE_NAMES.get(self.dtype, self.dtype)
@@ -73,36 +73,65 @@ class ArgSpec:
     # -- matching -----------------------------------------------------------
     def accepts(self, value) -> bool:
         """Whether ``value`` can be passed for this parameter without a lossy cast."""
-        if self.is_array:
-            info = array_info(value)
-            if info is None:
-                return False
-            dtype, shape, strides = info
+        return self.matches(array_info(value), value)
+
+    def matches(self, info, value) -> bool:
+        """:meth:`accepts` for a value whose :func:`array_info` is already known."""
+        if self.kind == "array":
             return (
-                dtype == self.np_dtype
-                and len(shape) == self.ndim
-                and _has_layout(shape, strides, dtype.itemsize, self.layout)
+                info is not None
+                and info[0] == _DTYPES[self.dtype]
+                and len(info[1]) == self.ndim
+                and (self.layout == "A" or _has_layout(info[1], info[2], info[0].itemsize, self.layout))
             )
-        if array_info(value) is not None:
-            return False
-        return _scalar_fits(value, self.np_dtype)
+        return info is None and _scalar_fits(value, _DTYPES[self.dtype])
+
+
+_DTYPES = {name: np.dtype(name) for name in SCALAR_DTYPES}
 
 
 def array_info(value):
-    """``(dtype, shape, strides)`` of a host or device array, else None.
+    """``(dtype, shape, strides, device_pointer)`` of an array, else None.
 
-    Device arrays are read through ``__cuda_array_interface__`` so CuPy, Numba
-    and PyTorch arrays are recognised without importing them.
+    ``device_pointer`` is None for host (numpy) arrays. Device arrays are read
+    through ``__cuda_array_interface__``, so CuPy, Numba and PyTorch arrays are
+    recognised without importing them; CuPy's own attributes are read directly
+    because building its interface dict costs more than the rest of a launch.
     """
     if isinstance(value, np.ndarray):
-        return value.dtype, value.shape, value.strides
-    cai = getattr(value, "__cuda_array_interface__", None)
-    if cai is None:
-        return None
+        return value.dtype, value.shape, value.strides, None
+    reader = _READERS.get(type(value))
+    if reader is None:
+        reader = _READERS.setdefault(type(value), _reader_for(type(value)))
+    return reader(value)
+
+
+def _read_cai(value):
+    cai = value.__cuda_array_interface__
     dtype = np.dtype(cai["typestr"])
     shape = tuple(cai["shape"])
     strides = cai.get("strides") or c_strides(shape, dtype.itemsize)
-    return dtype, shape, tuple(strides)
+    return dtype, shape, tuple(strides), cai["data"][0]
+
+
+def _read_cupy(value):
+    return value.dtype, value.shape, value.strides, value.data.ptr
+
+
+def _read_nothing(value):
+    return None
+
+
+def _reader_for(cls):
+    if not hasattr(cls, "__cuda_array_interface__"):
+        return _read_nothing
+    if cls.__module__.startswith("cupy") and cls.__name__ == "ndarray":
+        return _read_cupy
+    return _read_cai
+
+
+# How to read each argument type seen so far: one entry per Python type.
+_READERS: dict = {}
 
 
 def c_strides(shape, itemsize):
@@ -166,7 +195,7 @@ def describe(value) -> str:
     """A short type description of an argument for error messages."""
     info = array_info(value)
     if info is not None:
-        dtype, shape, strides = info
+        dtype, shape, strides, _ = info
         layout = layout_of(shape, strides, dtype.itemsize)
         where = "host" if isinstance(value, np.ndarray) else "device"
         return str(ArgSpec("array", dtype.name, len(shape), layout)) + f" ({where})"

@@ -1,24 +1,57 @@
-"""The ``daskgpu`` section of ``dask.config``, registered once on import."""
+"""The ``daskgpu`` section of ``dask.config``.
+
+The defaults live in the packaged ``daskgpu.yaml`` and are registered with
+``dask.config.update_defaults``. A bare process that only unpickles and runs a
+launch may never import dask (importing it costs about 0.4 s, more than the
+rest of a cold start); there settings come from the same defaults and the same
+``DASK_DASKGPU__*`` environment variables that dask.config reads.
+"""
 
 from __future__ import annotations
 
+import ast
+import functools
 import os
+import sys
 
-import dask.config
-import yaml
+_FN = os.path.join(os.path.dirname(__file__), "daskgpu.yaml")
 
-_fn = os.path.join(os.path.dirname(__file__), "daskgpu.yaml")
-with open(_fn) as f:
-    _defaults = yaml.safe_load(f)
 
-dask.config.update_defaults(_defaults)
+@functools.cache
+def defaults() -> dict:
+    """The packaged defaults, as ``{"daskgpu": {...}}``."""
+    import yaml
+
+    with open(_FN) as f:
+        return yaml.safe_load(f)
+
+
+@functools.cache
+def _dask_config():
+    import dask.config
+
+    dask.config.update_defaults(defaults())
+    return dask.config
 
 
 def get(key: str, default=None):
-    """Read ``daskgpu.<key>`` from dask.config."""
-    return dask.config.get(f"daskgpu.{key}", default=default)
+    """Read ``daskgpu.<key>``: from dask.config where dask is loaded, else env and defaults."""
+    if "dask" in sys.modules:
+        return _dask_config().get(f"daskgpu.{key}", default=default)
+    env = os.environ.get("DASK_DASKGPU__" + key.upper().replace("-", "_"))
+    if env is not None:
+        try:
+            return ast.literal_eval(env)
+        except (ValueError, SyntaxError):
+            return env
+    return defaults()["daskgpu"].get(key, default)
 
 
 def simulating() -> bool:
     """Whether kernels run in Numba's CUDA simulator in this process."""
     return bool(get("simulate", False))
+
+
+def register() -> None:
+    """Register the defaults with dask.config (importing dask)."""
+    _dask_config()

@@ -83,22 +83,22 @@ class Kernel(LaunchAPI):
         """The compiled signatures, as strings."""
         return [im.signature for im in self.images]
 
-    def _select(self, args):
+    def _select(self, args, infos=None):
         try:
-            return select_image(self.__name__, self.images, args)
+            return select_image(self.__name__, self.images, args, infos)
         except TypeError:
             if not self._lazy:
                 raise
         return self.compile(typeof_args(args))
 
-    def _run(self, image, config, args):
+    def _run(self, image, config, args, infos):
         if _config.simulating():
             from daskgpu import _simulate
             from daskgpu._launch import written_result
 
             _simulate.run_function(self.py_func, config, args)
             return written_result(args, image.writes)
-        return super()._run(image, config, args)
+        return super()._run(image, config, args, infos)
 
     def ptx_kernel(self) -> PTXKernel:
         """This kernel as shipped: its compiled images, PTX-only.

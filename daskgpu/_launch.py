@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import operator
 
-from daskgpu._argspec import describe, signature_str
+from daskgpu._argspec import array_info, describe, signature_str
 from daskgpu._errors import LaunchConfigError, PicklingError
 
 
@@ -52,7 +52,7 @@ class LaunchConfig:
     LaunchConfig(ntasks=1000)
     """
 
-    __slots__ = ("griddim", "blockdim", "stream", "sharedmem", "ntasks", "tpb")
+    __slots__ = ("griddim", "blockdim", "stream", "sharedmem", "ntasks", "tpb", "_key")
 
     def __init__(self, griddim=None, blockdim=None, stream=0, sharedmem=0, *,
                  ntasks=None, tpb=0):
@@ -75,16 +75,20 @@ class LaunchConfig:
         self.griddim, self.blockdim = griddim, blockdim
         self.stream, self.sharedmem = stream, int(sharedmem)
         self.ntasks, self.tpb = ntasks, int(tpb)
+        # Configs key the runtime's per-kernel caches on every launch: hash once.
+        self._key = hash(self._identity())
 
     def _identity(self):
         return (self.griddim, self.blockdim, self.sharedmem, self.ntasks, self.tpb,
                 id(self.stream) if self.stream not in (None, 0) else 0)
 
     def __eq__(self, other):
-        return isinstance(other, LaunchConfig) and self._identity() == other._identity()
+        return self is other or (
+            isinstance(other, LaunchConfig) and self._identity() == other._identity()
+        )
 
     def __hash__(self):
-        return hash(self._identity())
+        return self._key
 
     def __repr__(self):
         if self.ntasks is not None:
@@ -135,8 +139,10 @@ class Launch:
         self.config = config
 
     def __call__(self, *args):
-        image = self.kernel._select(args)
-        return self.kernel._run(image, self.config, args)
+        # Each argument's array facts are read once, for matching and marshalling.
+        infos = [array_info(a) for a in args]
+        image = self.kernel._select(args, infos)
+        return self.kernel._run(image, self.config, args, infos)
 
     def __reduce__(self):
         return Launch, (self.kernel, self.config)
@@ -200,7 +206,7 @@ class LaunchAPI:
                                          sharedmem=sharedmem))
 
     # -- dispatch, shared by both kinds of kernel ----------------------------
-    def _run(self, image, config, args):
+    def _run(self, image, config, args, infos):
         if image.py_func is not None:
             from daskgpu import _simulate
 
@@ -208,15 +214,21 @@ class LaunchAPI:
         else:
             from daskgpu._runtime.launcher import run
 
-            run(image, config, args)
+            run(image, config, args, infos)
         return written_result(args, image.writes)
 
 
-def select_image(name, images, args):
-    """The first image whose argument specs accept ``args``; else ``TypeError``."""
+def select_image(name, images, args, infos=None):
+    """The first image whose argument specs accept ``args``; else ``TypeError``.
+
+    ``infos`` are the arguments' :func:`array_info`, when already read.
+    """
+    if infos is None:
+        infos = [array_info(a) for a in args]
     for image in images:
-        if len(image.args) == len(args) and all(
-            spec.accepts(a) for spec, a in zip(image.args, args)
+        specs = image.args
+        if len(specs) == len(args) and all(
+            spec.matches(info, a) for spec, info, a in zip(specs, infos, args)
         ):
             return image
     received = "(" + ", ".join(describe(a) for a in args) + ")"
@@ -249,8 +261,8 @@ class PTXKernel(LaunchAPI):
     def signatures(self):
         return [im.signature for im in self.images]
 
-    def _select(self, args):
-        return select_image(self.__name__, self.images, args)
+    def _select(self, args, infos=None):
+        return select_image(self.__name__, self.images, args, infos)
 
     def __reduce__(self):
         return PTXKernel, (self.images,)

@@ -59,7 +59,7 @@ def typeof_args(args) -> tuple:
     for a in args:
         info = array_info(a)
         if info is not None:
-            dtype, shape, strides = info
+            dtype, shape, strides, _ = info
             nb = numpy_support.from_dtype(dtype)
             out.append(types.Array(nb, len(shape), layout_of(shape, strides, dtype.itemsize)))
         else:

@@ -28,6 +28,13 @@ class ModuleCache:
 
     def get(self, key, build):
         """The entry for ``key``, calling ``build()`` once on a miss."""
+        entry = self._entries.get(key)  # lock-free hit: dict reads are atomic
+        if entry is not None:
+            try:
+                self._entries.move_to_end(key)
+            except KeyError:  # evicted by another thread meanwhile: still valid
+                pass
+            return entry
         with self._lock:
             entry = self._entries.get(key)
             if entry is not None:

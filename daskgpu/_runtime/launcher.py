@@ -7,7 +7,6 @@ from cuda.bindings import driver
 from cuda.core import ObjectCode
 
 from daskgpu import _config
-from daskgpu._argspec import array_info
 from daskgpu._runtime import device as _device
 from daskgpu._runtime._cuda import check, driver_version, nvjitlink_version
 from daskgpu._runtime.cache import DiskCache, ModuleCache
@@ -37,6 +36,17 @@ class LinkedKernel:
         )
         self.layout = ParamLayout(image.args)
         self._block_size = {}
+        self._dims = {}  # LaunchConfig -> (griddim, blockdim), validated
+
+    def dims(self, config, state, name):
+        """``(griddim, blockdim)`` for ``config``, checked against the device once."""
+        dims = self._dims.get(config)
+        if dims is None:
+            dims = launch_dims(config, self)
+            state.limits.check(*dims, config.sharedmem, self.max_threads, name)
+            if len(self._dims) < 1024:
+                self._dims[config] = dims
+        return dims
 
     def block_size(self, sharedmem: int) -> int:
         """The occupancy API's block size for this kernel and shared memory."""
@@ -67,7 +77,7 @@ def linked(image, state) -> LinkedKernel:
     return module_cache.get((image.hash, state.id), build)
 
 
-def launch_dims(config, image, kernel: LinkedKernel):
+def launch_dims(config, kernel: LinkedKernel):
     """``(griddim, blockdim)`` as 3-tuples; forall configs get occupancy blocks."""
     if config.ntasks is None:
         return config.griddim, config.blockdim
@@ -96,7 +106,7 @@ def _pad3(dims):
 
 def stream_handle(stream) -> int:
     """The ``CUstream`` address of a stream given as int or stream object."""
-    if stream is None or stream == 0:
+    if not stream:
         return 0
     if isinstance(stream, int):
         return stream
@@ -155,25 +165,36 @@ class _HostStaging:
         self.allocations.clear()
 
 
-def run(image, config, args):
-    """Launch ``image`` with ``config`` on ``args``; return the arguments it wrote."""
+_DEFAULT_STREAM = driver.CUstream(0)
+
+
+def run(image, config, args, infos):
+    """Launch ``image`` with ``config`` on ``args``, whose :func:`array_info` are ``infos``.
+
+    Host arrays are copied in, and those the kernel writes copied back, before
+    this returns; launches on device arrays only are asynchronous, as in Numba.
+    """
     state = _device.current()
     kernel = linked(image, state)
-    griddim, blockdim = launch_dims(config, image, kernel)
-    state.limits.check(griddim, blockdim, config.sharedmem, kernel.max_threads, image.name)
-    stream = driver.CUstream(stream_handle(config.stream))
+    griddim, blockdim = kernel.dims(config, state, image.name)
+    handle = stream_handle(config.stream)
+    stream = _DEFAULT_STREAM if handle == 0 else driver.CUstream(handle)
     writes = image.writes
     staging = None
     values = []
     try:
-        for i, (spec, arg) in enumerate(zip(image.args, args)):
-            if not spec.is_array:
-                flatten(spec, arg, values)
-            elif isinstance(arg, np.ndarray):
+        for i, spec in enumerate(image.args):
+            info = infos[i]
+            if info is None:
+                flatten(spec, args[i], values)
+            elif info[3] is None:
                 staging = staging or _HostStaging(stream)
-                flatten(spec, staging.stage(arg, i in writes), values)
+                flatten(spec, staging.stage(args[i], i in writes), values)
             else:
-                flatten(spec, _device_array(arg), values)
+                dtype, shape, strides, ptr = info
+                values += (0, 0, _nitems(shape), dtype.itemsize, ptr)
+                values += shape
+                values += strides
         params = kernel.layout.pack(values)
         check(
             driver.cuLaunchKernel(
@@ -186,10 +207,10 @@ def run(image, config, args):
     finally:
         if staging is not None:
             staging.free()
-    return args
 
 
-def _device_array(arg):
-    dtype, shape, strides = array_info(arg)
-    ptr = arg.__cuda_array_interface__["data"][0]
-    return (ptr, shape, strides, dtype.itemsize)
+def _nitems(shape):
+    n = 1
+    for d in shape:
+        n *= d
+    return n

@@ -124,7 +124,7 @@ def test_forall_uses_occupancy_block_size():
 
     image = saxpy.images[0]
     lk = linked(image, device.current())
-    grid, block = launch_dims(dg.LaunchConfig(ntasks=10_000), image, lk)
+    grid, block = launch_dims(dg.LaunchConfig(ntasks=10_000), lk)
     assert block[0] == lk.block_size(0) and block[0] % 32 == 0
     assert grid[0] * block[0] >= 10_000
 
