@@ -79,8 +79,11 @@ class LaunchConfig:
         self._key = hash(self._identity())
 
     def _identity(self):
-        return (self.griddim, self.blockdim, self.sharedmem, self.ntasks, self.tpb,
-                id(self.stream) if self.stream not in (None, 0) else 0)
+        # An int stream is a handle, equal by value; a stream object by identity.
+        stream = 0 if self.stream is None else self.stream
+        if not isinstance(stream, int):
+            stream = ("object", id(stream))
+        return (self.griddim, self.blockdim, self.sharedmem, self.ntasks, self.tpb, stream)
 
     def __eq__(self, other):
         return self is other or (
