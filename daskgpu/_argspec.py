@@ -122,9 +122,18 @@ def _read_nothing(value):
     return None
 
 
+def _read_instance_cai(value):
+    # The interface may be an instance attribute (CAI allows any attribute).
+    if hasattr(value, "__cuda_array_interface__"):
+        return _read_cai(value)
+    return None
+
+
 def _reader_for(cls):
     if not hasattr(cls, "__cuda_array_interface__"):
-        return _read_nothing
+        # Instances without a __dict__ (numbers, numpy scalars) cannot carry
+        # the interface; others may, one by one.
+        return _read_instance_cai if cls.__dictoffset__ else _read_nothing
     if cls.__module__.startswith("cupy") and cls.__name__ == "ndarray":
         return _read_cupy
     return _read_cai
