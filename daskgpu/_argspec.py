@@ -167,6 +167,8 @@ def _has_layout(shape, strides, itemsize, layout) -> bool:
 
 
 def _contiguous(shape, strides, itemsize, order) -> bool:
+    if 0 in shape:  # an empty array is contiguous in every order, as numpy says
+        return True
     step = itemsize
     for axis in order:
         if shape[axis] != 1 and strides[axis] != step:
