@@ -159,6 +159,8 @@ def layout_of(shape, strides, itemsize) -> str:
 
 
 def _has_layout(shape, strides, itemsize, layout) -> bool:
+    if len(shape) == 1:  # the common case, on every launch
+        return shape[0] <= 1 or strides[0] == itemsize
     if layout == "A":
         return True
     if layout == "C":
@@ -181,6 +183,9 @@ def _scalar_fits(value, dtype: np.dtype) -> bool:
     if isinstance(value, (bool, np.bool_)):
         return dtype.kind == "b"
     if isinstance(value, np.generic):
+        if value.dtype.kind in "iu" and dtype.kind in "iu":
+            # Between signed and unsigned, as for Python ints, the value decides.
+            return _in_range(value, dtype)
         return np.can_cast(value.dtype, dtype, casting="same_kind") and (
             dtype.kind != "b"
         ) and _in_range(value, dtype)
