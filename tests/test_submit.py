@@ -39,7 +39,7 @@ def unsigned(x):  # lazy: no signature compiled, nothing to ship
 @pytest.fixture(scope="module", params=["simulated", pytest.param("gpu", marks=pytest.mark.gpu)])
 def client(request):
     simulate = request.param == "simulated"
-    with dg.LocalGPUCluster(simulate=simulate, dashboard_address=None) as cluster:
+    with dg.LocalGPUCluster(simulate=simulate, dashboard_address=":0") as cluster:
         with Client(cluster) as c:
             yield c
 
