@@ -76,15 +76,51 @@ def _link_inputs(paths, cc, options) -> tuple:
             data = f.read()
         if kind == "cu":
             # CUDA C is compiled here, once, so workers need no NVRTC.
-            from numba.cuda.cudadrv import nvrtc
-
-            ptx, _ = nvrtc.compile(data.decode(), name, cc, lineinfo=options.lineinfo,
-                                   debug=options.debug)
-            data = ptx.code if hasattr(ptx, "code") else ptx
-            data = data.encode() if isinstance(data, str) else bytes(data)
+            data = _compile_cu(data, name, cc, options)
             kind, name = "ptx", name[:-3] + ".ptx"
         out.append(LinkInput(name, kind, data))
     return tuple(out)
+
+
+def _compile_cu(source: bytes, name: str, cc: tuple, options) -> bytes:
+    """CUDA C to relocatable PTX with NVRTC itself.
+
+    Not through numba-cuda's ``nvrtc.compile``: it goes through cuda.core's
+    ``Program``, which asks the driver for its version and so fails with no GPU.
+    """
+    from cuda.bindings import nvrtc
+
+    flags = [f"--gpu-architecture=compute_{cc[0]}{cc[1]}", "-rdc=true"]
+    flags += ["-lineinfo"] * bool(options.lineinfo) + ["-G"] * bool(options.debug)
+    try:
+        from cuda import pathfinder
+
+        headers = pathfinder.locate_nvidia_header_directory("cudart")
+        if headers is not None:
+            flags.append(f"-I{headers.abs_path}")
+    except Exception:  # no CUDA headers: sources that include none still compile
+        pass
+    flags = [f.encode() for f in flags]
+    ok = nvrtc.nvrtcResult.NVRTC_SUCCESS
+    err, prog = nvrtc.nvrtcCreateProgram(source, name.encode(), 0, [], [])
+    if err != ok:
+        raise CompileError(f"NVRTC could not read {name!r}: {err.name}")
+    try:
+        err, = nvrtc.nvrtcCompileProgram(prog, len(flags), flags)
+        if err != ok:
+            _, size = nvrtc.nvrtcGetProgramLogSize(prog)
+            log = b" " * size
+            nvrtc.nvrtcGetProgramLog(prog, log)
+            raise CompileError(
+                f"compiling link file {name!r} with NVRTC failed ({err.name}):\n"
+                + log.rstrip(b"\0").decode(errors="replace")
+            )
+        _, size = nvrtc.nvrtcGetPTXSize(prog)
+        ptx = b" " * size
+        nvrtc.nvrtcGetPTX(prog, ptx)
+        return ptx.rstrip(b"\0")
+    finally:
+        nvrtc.nvrtcDestroyProgram(prog)
 
 
 def _versions(ptx: str) -> tuple:
