@@ -277,6 +277,15 @@ class _ChunkLaunch:
 
 # -- building the graph -------------------------------------------------------
 
+def workers_info(client) -> dict:
+    """Every worker's scheduler info (address to dict) from a synchronous client."""
+    try:
+        info = client.scheduler_info(n_workers=-1)
+    except TypeError:  # distributed before 2025 lists every worker by default
+        info = client.scheduler_info()
+    return info.get("workers", {})
+
+
 def _gpu_annotation():
     """``dask.annotate(resources={"GPU": 1})`` when the current cluster offers GPUs."""
     import dask
@@ -287,12 +296,12 @@ def _gpu_annotation():
         from distributed import get_client
 
         client = get_client()
-        if client.asynchronous:
+        if client.asynchronous:  # its cached scheduler info lists no workers
             return nullcontext()
-        workers = client.scheduler_info(n_workers=-1).get("workers", {})
+        workers = workers_info(client)
     except Exception:  # no client, or it is gone: build the plain graph
         return nullcontext()
-    if any(w.get("resources", {}).get("GPU") for w in workers.values()):
+    if any((w.get("resources") or {}).get("GPU") for w in workers.values()):
         return dask.annotate(resources={"GPU": 1})
     return nullcontext()
 
