@@ -1,0 +1,234 @@
+"""Kernel parameters, byte for byte, against Numba's own data model and the PTX it emits.
+
+Three independent references: numba-cuda's target context (how many parameters an
+argument flattens to, and their sizes), the ``.param`` declarations in the PTX of a
+compiled kernel, and the ctypes values numba-cuda's dispatcher itself passes to
+``cuLaunchKernel`` for scalars.
+"""
+
+import ctypes
+import re
+import struct
+import types as pytypes
+
+import numpy as np
+import pytest
+from numba.cuda import types
+from numba.cuda.descriptor import cuda_target
+from numba.cuda.dispatcher import _Kernel
+
+import daskgpu as dg
+from daskgpu._argspec import SCALAR_DTYPES, ArgSpec
+from daskgpu._compiler.signatures import to_argspec
+from daskgpu._runtime.marshal import ParamLayout, flatten, param_codes
+
+CTX = cuda_target.target_context
+NUMBA_NAME = {"bool": "boolean"}
+SCALARS = sorted(SCALAR_DTYPES)
+
+
+def numba_type(spec: ArgSpec):
+    dtype = getattr(types, NUMBA_NAME.get(spec.dtype, spec.dtype))
+    return types.Array(dtype, spec.ndim, spec.layout) if spec.is_array else dtype
+
+
+ARRAY_SPECS = [ArgSpec("array", d, n, lay)
+               for d in ("float32", "int8", "complex128")
+               for n in (1, 2, 3) for lay in "CFA"]
+SCALAR_SPECS = [ArgSpec("scalar", d) for d in SCALARS]
+ALL_SPECS = ARRAY_SPECS + SCALAR_SPECS
+
+
+def layout_sizes(layout: ParamLayout):
+    return [struct.calcsize("=" + c) for spec in layout.specs for c in param_codes(spec)]
+
+
+def numba_sizes(specs):
+    packer = CTX.get_arg_packer([numba_type(s) for s in specs])
+    return [CTX.get_abi_sizeof(t) for t in packer.argument_types]
+
+
+# -- the layout against Numba's data model ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("spec", ALL_SPECS, ids=str)
+def test_one_argument_flattens_as_numba_does(spec):
+    layout = ParamLayout([spec])
+    assert len(layout.offsets) == len(numba_sizes([spec]))
+    assert layout_sizes(layout) == numba_sizes([spec])
+
+
+def test_array_members_are_numbas_in_numbas_order():
+    for spec in ARRAY_SPECS:
+        model = CTX.data_model_manager[numba_type(spec)]
+        assert model._fields == ("meminfo", "parent", "nitems", "itemsize", "data", "shape", "strides")
+        # shape and strides are tuples of ndim int64s: 5 + 2*ndim parameters.
+        assert len(CTX.get_arg_packer([numba_type(spec)]).argument_types) == 5 + 2 * spec.ndim
+
+
+def test_all_arguments_together():
+    layout = ParamLayout(ALL_SPECS)
+    sizes = numba_sizes(ALL_SPECS)
+    assert layout_sizes(layout) == sizes
+    # Every parameter at its natural alignment, none overlapping.
+    ends = 0
+    for offset, size in zip(layout.offsets, sizes):
+        assert offset % size == 0 and offset >= ends
+        ends = offset + size
+    assert layout.size >= ends
+
+
+def test_no_arguments():
+    layout = ParamLayout([])
+    assert layout.offsets == ()
+    assert isinstance(layout.pack([]), int)
+
+
+# -- the layout against the PTX of a compiled kernel ----------------------------------------------
+
+
+_PTX_SIZE = {"8": 1, "16": 2, "32": 4, "64": 8}
+
+
+def ptx_param_sizes(image):
+    ptx = image.ptx[0][1]
+    m = re.search(r"\.entry\s+" + re.escape(image.entry) + r"\s*\((.*?)\)", ptx, re.S)
+    decls = re.findall(r"\.param\s+(?:\.align\s+\d+\s+)?\.([a-z]+)(\d+)\s", m.group(1))
+    return [_PTX_SIZE[bits] for _, bits in decls]
+
+
+def _sig(specs):
+    return "void(" + ", ".join(str(s) for s in specs) + ")"
+
+
+def _noop(*args):
+    pass
+
+
+@pytest.fixture(scope="module")
+def everything_image():
+    specs = SCALAR_SPECS + [ArgSpec("array", "float32", 1, "C"),
+                            ArgSpec("array", "float64", 2, "F"),
+                            ArgSpec("array", "int8", 3, "A")]
+    names = [f"a{i}" for i in range(len(specs))]
+    ns = {}
+    exec(f"def everything({', '.join(names)}):\n    pass", ns)
+    return dg.jit(_sig(specs))(ns["everything"]).images[0]
+
+
+def test_ptx_params_match_the_layout(everything_image):
+    image = everything_image
+    layout = ParamLayout(image.args)
+    assert ptx_param_sizes(image) == layout_sizes(layout)
+    assert len(layout.offsets) == len(ptx_param_sizes(image))
+
+
+@pytest.mark.parametrize("specs", [
+    [ArgSpec("array", "float32", 1, "C"), ArgSpec("scalar", "float32"),
+     ArgSpec("array", "float32", 1, "C"), ArgSpec("array", "float32", 1, "C")],
+    [ArgSpec("scalar", "bool"), ArgSpec("array", "complex64", 2, "C"), ArgSpec("scalar", "int8"),
+     ArgSpec("scalar", "complex128"), ArgSpec("scalar", "float16")],
+], ids=["saxpy", "mixed"])
+def test_ptx_params_of_kernels_that_use_them(specs):
+    names = [f"a{i}" for i in range(len(specs))]
+    uses = "\n    ".join(f"x = {n}" for n in names)
+    ns = {}
+    exec(f"def k({', '.join(names)}):\n    {uses}", ns)
+    image = dg.jit(_sig(specs))(ns["k"]).images[0]
+    assert ptx_param_sizes(image) == layout_sizes(ParamLayout(image.args))
+    assert image.args == tuple(to_argspec(numba_type(s), 0, "k") for s in specs)
+
+
+# -- concrete values -------------------------------------------------------------------------------
+
+
+def packed_params(layout: ParamLayout, values, sizes):
+    """Pack, then read each parameter back through the pointer array, as the driver would."""
+    address = layout.pack(values)
+    pointers = (ctypes.c_uint64 * len(sizes)).from_address(address)
+    return [ctypes.string_at(p, s) for p, s in zip(pointers, sizes)]
+
+
+def numba_scalar_bytes(typ, value):
+    """The bytes numba-cuda's dispatcher passes for a scalar (_Kernel._prepare_args)."""
+    out = []
+    _Kernel._prepare_args(pytypes.SimpleNamespace(extensions=[]), typ, value, 0, [], out)
+    # numba passes bools as Python bools, which cuda.core sends as one byte.
+    return [struct.pack("?", v) if isinstance(v, bool) else bytes(v) for v in out]
+
+
+SCALAR_VALUES = {
+    "bool": [True, False], "int8": [-128, 127, -7], "int16": [-32768, 300],
+    "int32": [-(2**31), 2**31 - 1], "int64": [-(2**63), 2**40 + 3],
+    "uint8": [0, 255], "uint16": [65535], "uint32": [2**32 - 1], "uint64": [2**64 - 1, 2**63 + 5],
+    "float16": [1.5, -65504.0, 0.1], "float32": [2.25, 1e-30, -0.0], "float64": [3.125, 1e300],
+    "complex64": [1 + 2j, -0.5j], "complex128": [3 - 4j, complex(1e300, -1e-300)],
+}
+
+
+@pytest.mark.parametrize("dtype", SCALARS)
+def test_scalar_bytes_match_numbas(dtype):
+    spec = ArgSpec("scalar", dtype)
+    layout = ParamLayout([spec])
+    sizes = layout_sizes(layout)
+    for value in SCALAR_VALUES[dtype]:
+        for given in (value, np.dtype(dtype).type(value)):
+            values = []
+            flatten(spec, given, values)
+            assert packed_params(layout, values, sizes) == numba_scalar_bytes(numba_type(spec), value)
+
+
+def numba_array_params(typ, a: np.ndarray):
+    """An array's parameters from its data model: member names give the values."""
+    model = CTX.data_model_manager[typ]
+    member = {"meminfo": 0, "parent": 0, "nitems": a.size, "itemsize": a.itemsize,
+              "data": a.ctypes.data, "shape": a.shape, "strides": a.strides}
+    flat = []
+    for name in model._fields:
+        v = member[name]
+        flat += list(v) if isinstance(v, tuple) else [v]
+    llvm_types = CTX.get_arg_packer([typ]).argument_types
+    assert len(flat) == len(llvm_types)
+    return [v.to_bytes(CTX.get_abi_sizeof(t), "little", signed=v < 0) for v, t in zip(flat, llvm_types)]
+
+
+def _arrays():
+    base = np.arange(2 * 3 * 4 * 2, dtype=np.float32)
+    return [
+        base[:5], base[::3], base[:24].reshape(4, 6), np.asfortranarray(base[:24].reshape(4, 6)),
+        base[:24].reshape(4, 6)[:, ::2], base[:24].reshape(2, 3, 4), base[:24].reshape(2, 3, 4).T,
+        base[::2].reshape(2, 3, 4)[:, ::-1], np.zeros((0, 3), np.float32),
+    ]
+
+
+@pytest.mark.parametrize("a", _arrays(), ids=lambda a: f"{a.shape}-{a.strides}")
+def test_array_bytes_match_numbas_data_model(a):
+    spec = ArgSpec("array", "float32", a.ndim, "A")
+    layout = ParamLayout([spec])
+    values = []
+    flatten(spec, (a.ctypes.data, a.shape, a.strides, a.itemsize), values)
+    sizes = layout_sizes(layout)
+    assert packed_params(layout, values, sizes) == numba_array_params(numba_type(spec), a)
+
+
+def test_mixed_arguments_pack_in_order():
+    x = np.arange(12, dtype=np.float64).reshape(3, 4)
+    specs = [ArgSpec("scalar", "int8"), ArgSpec("array", "float64", 2, "C"),
+             ArgSpec("scalar", "complex64"), ArgSpec("scalar", "bool"), ArgSpec("scalar", "float64")]
+    args = [-3, (x.ctypes.data, x.shape, x.strides, x.itemsize), 1.5 - 2j, True, 0.25]
+    layout = ParamLayout(specs)
+    values = []
+    for spec, arg in zip(specs, args):
+        flatten(spec, arg, values)
+    got = packed_params(layout, values, layout_sizes(layout))
+    expected = (numba_scalar_bytes(types.int8, -3) + numba_array_params(numba_type(specs[1]), x)
+                + numba_scalar_bytes(types.complex64, 1.5 - 2j)
+                + numba_scalar_bytes(types.boolean, True) + numba_scalar_bytes(types.float64, 0.25))
+    assert got == expected
+    # The buffer is reused: packing new values overwrites the old ones.
+    values2 = []
+    for spec, arg in zip(specs, [7, args[1], 0j, False, -1.0]):
+        flatten(spec, arg, values2)
+    got2 = packed_params(layout, values2, layout_sizes(layout))
+    assert got2[0] == numba_scalar_bytes(types.int8, 7)[0]
+    assert got2[-1] == numba_scalar_bytes(types.float64, -1.0)[0]
