@@ -106,6 +106,25 @@ def array_info(value):
     return reader(value)
 
 
+class Zeroed:
+    """A host array passed to a launch as a fresh output: on the device it starts
+    as zeros instead of being copied in; it is copied back when written.
+
+    ``map_kernel`` wraps the outputs it allocates in this, saving one copy of
+    every output chunk to the GPU.
+    """
+
+    __slots__ = ("array",)
+
+    def __init__(self, array: np.ndarray):
+        self.array = array
+
+
+def _read_zeroed(value):
+    a = value.array
+    return a.dtype, a.shape, a.strides, None
+
+
 def _read_cai(value):
     cai = value.__cuda_array_interface__
     dtype = np.dtype(cai["typestr"])
@@ -140,7 +159,7 @@ def _reader_for(cls):
 
 
 # How to read each argument type seen so far: one entry per Python type.
-_READERS: dict = {}
+_READERS: dict = {Zeroed: _read_zeroed}
 
 
 def c_strides(shape, itemsize):
@@ -159,10 +178,10 @@ def layout_of(shape, strides, itemsize) -> str:
 
 
 def _has_layout(shape, strides, itemsize, layout) -> bool:
-    if len(shape) == 1:  # the common case, on every launch
-        return shape[0] <= 1 or strides[0] == itemsize
     if layout == "A":
         return True
+    if len(shape) == 1:  # the common case, on every launch
+        return shape[0] <= 1 or strides[0] == itemsize
     if layout == "C":
         return _contiguous(shape, strides, itemsize, reversed(range(len(shape))))
     return _contiguous(shape, strides, itemsize, range(len(shape)))

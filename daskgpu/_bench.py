@@ -10,7 +10,6 @@ import argparse
 import json
 import os
 import pickle
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -108,6 +107,206 @@ def bench_launch(n: int = 20000, size: int = 1024) -> dict:
                   dg, nb, "us", "numba dispatcher launch", goal=0.3, scale=1e6)
 
 
+class _Cluster:
+    """One LocalGPUCluster and Client shared by the Dask sections of a run."""
+
+    client = None
+
+    @classmethod
+    def get(cls):
+        if cls.client is None:
+            from distributed import Client
+
+            from daskgpu._cluster import LocalGPUCluster
+
+            cls.client = Client(LocalGPUCluster(threads_per_worker=2, dashboard_address=None))
+        return cls.client
+
+
+def _wait_persisted(arr):
+    from distributed import wait
+
+    arr = arr.persist()
+    wait(arr)
+    return arr
+
+
+def _timed(fn, repeat=3):
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return times
+
+
+def bench_submit(n: int = 200, size: int = 1024) -> dict:
+    """Per-task round trip of ``client.submit(launch, ...)`` vs a plain Dask task."""
+    from daskgpu import _bench_kernels as k
+
+    client = _Cluster.get()
+    x = np.ones(size, np.float32)
+    launch = k.add.forall(size)
+
+    def plain(out, a, b):
+        np.add(a, b, out=out)
+        return out
+
+    def loop(fn):
+        for _ in range(n):
+            client.submit(fn, np.empty_like(x), x, x, pure=False).result()
+
+    loop(launch), loop(plain)  # warm: imports, link
+    dg = [t / n for t in _timed(lambda: loop(launch))]
+    base = [t / n for t in _timed(lambda: loop(plain))]
+    return _ratio(f"client.submit round trip per task ({size} float32)", dg, base, "ms",
+                  "plain Dask task moving the same arrays", goal=1.2, scale=1e3)
+
+
+def _numba_chunk(x, y):
+    # What a user writes by hand: map_blocks calling a Numba kernel per chunk.
+    from daskgpu import _bench_kernels as k
+
+    out = np.empty_like(x)  # CuPy chunks get a CuPy array (NEP 18)
+    k.numba_saxpy[(x.size + 255) // 256, 256](out, np.float32(2.0), x, y)
+    return out
+
+
+def _host_inputs(size_bytes: int, chunk_bytes: int):
+    import dask.array as da
+
+    n, c = size_bytes // 4, chunk_bytes // 4
+    rng = da.random.default_rng(0)
+    x = _wait_persisted(rng.random(n, dtype=np.float32, chunks=c))
+    y = _wait_persisted(rng.random(n, dtype=np.float32, chunks=c))
+    return x, y
+
+
+def pinned_copy_seconds(nbytes_in: int, nbytes_out: int) -> float:
+    """Seconds the pinned copy limit allows for these bytes, measured on this GPU."""
+    from cuda.bindings import driver
+
+    from daskgpu._runtime import device
+    from daskgpu._runtime._cuda import check
+
+    device.current()
+    size = 256 << 20
+    host = check(driver.cuMemHostAlloc(size, 0), "cuMemHostAlloc")
+    dev = check(driver.cuMemAlloc(size), "cuMemAlloc")
+    try:
+        def rate(copy):
+            copy()
+            check(driver.cuCtxSynchronize(), "sync")
+            t0 = time.perf_counter()
+            for _ in range(8):
+                copy()
+            check(driver.cuCtxSynchronize(), "sync")
+            return 8 * size / (time.perf_counter() - t0)
+
+        h2d = rate(lambda: driver.cuMemcpyHtoDAsync(dev, host, size, 0))
+        d2h = rate(lambda: driver.cuMemcpyDtoHAsync(host, dev, size, 0))
+        return nbytes_in / h2d + nbytes_out / d2h
+    finally:
+        driver.cuMemFree(dev)
+        driver.cuMemFreeHost(host)
+
+
+def bench_map_host(size_bytes: int = 1 << 30, chunk_bytes: int = 64 << 20) -> list:
+    """``map_kernel`` on host-resident chunks vs ``map_blocks`` + Numba and the pinned limit."""
+    import dask.array as da
+
+    import daskgpu as dg
+    from daskgpu import _bench_kernels as k
+
+    client = _Cluster.get()
+    x, y = _host_inputs(size_bytes, chunk_bytes)
+
+    def ours():
+        out = dg.map_kernel(k.saxpy, dg.Out(np.float32, like=x), np.float32(2.0), x, y)
+        return _wait_persisted(out)
+
+    def baseline():
+        return _wait_persisted(da.map_blocks(_numba_chunk, x, y, dtype=np.float32))
+
+    ours(), baseline()  # warm: links, Numba compiles once per worker
+    dg_t = _timed(ours)
+    nb_t = _timed(baseline)
+    check = ours()[:1000].compute()
+    np.testing.assert_allclose(check, 2 * x[:1000].compute() + y[:1000].compute(), rtol=1e-6)
+    limit = client.submit(pinned_copy_seconds, 2 * size_bytes, size_bytes, pure=False).result()
+    what = f"map_kernel saxpy, 3 x {size_bytes >> 20} MiB host chunks of {chunk_bytes >> 20} MiB"
+    return [
+        _ratio(what, dg_t, nb_t, "s", "da.map_blocks + Numba kernel per chunk"),
+        _ratio(what, dg_t, [limit], "s", "pinned H2D+D2H copy limit of these bytes",
+               goal=1 / 0.8),
+    ]
+
+
+def bench_map_device(size_bytes: int = 1 << 30, chunk_bytes: int = 64 << 20) -> dict:
+    """``map_kernel`` on CuPy chunks vs ``map_blocks`` + Numba on the same chunks, per chunk."""
+    import cupy as cp
+    import dask.array as da
+
+    import daskgpu as dg
+    from daskgpu import _bench_kernels as k
+
+    _Cluster.get()
+    x, y = _host_inputs(size_bytes, chunk_bytes)
+    xg = _wait_persisted(x.map_blocks(cp.asarray))
+    yg = _wait_persisted(y.map_blocks(cp.asarray))
+    nchunks = xg.numblocks[0]
+
+    def ours():
+        return _wait_persisted(
+            dg.map_kernel(k.saxpy, dg.Out(np.float32, like=xg), np.float32(2.0), xg, yg))
+
+    def baseline():
+        return _wait_persisted(da.map_blocks(_numba_chunk, xg, yg, dtype=np.float32))
+
+    ours(), baseline()
+    dg_t = [t / nchunks for t in _timed(ours)]
+    nb_t = [t / nchunks for t in _timed(baseline)]
+    return _ratio(f"map_kernel per chunk, CuPy chunks of {chunk_bytes >> 20} MiB", dg_t, nb_t,
+                  "ms", "da.map_blocks + Numba kernel per chunk", goal=1.0, scale=1e3)
+
+
+def bench_compute(size_bytes: int = 256 << 20, chunk_bytes: int = 32 << 20, iters: int = 2000) -> dict:
+    """A compute-bound kernel over host chunks vs the same kernel on the whole array in one process."""
+    import dask.array as da
+
+    import daskgpu as dg
+    from daskgpu import _bench_kernels as k
+
+    _Cluster.get()
+    n, c = size_bytes // 4, chunk_bytes // 4
+    x = _wait_persisted(da.random.default_rng(1).random(n, dtype=np.float32, chunks=c))
+
+    def ours():
+        return _wait_persisted(
+            dg.map_kernel(k.compute, dg.Out(np.float32, like=x), x, np.int32(iters)))
+
+    whole = x.compute()
+
+    def one_process():
+        out = np.empty_like(whole)
+        k.compute.forall(whole.size)(out, whole, np.int32(iters))
+
+    ours(), one_process()
+    return _ratio(f"compute-bound kernel ({iters} sin/cos steps), {size_bytes >> 20} MiB host",
+                  _timed(ours), _timed(one_process), "s",
+                  "the same kernel on the whole array in one process", goal=1.05)
+
+
+SECTIONS = {
+    "cold": bench_cold,
+    "launch": bench_launch,
+    "submit": bench_submit,
+    "map-host": bench_map_host,
+    "map-device": bench_map_device,
+    "compute": bench_compute,
+}
+
+
 def _ratio(what, ours, base, unit, base_name, goal=None, scale=1.0) -> dict:
     a, b = min(ours) * scale, min(base) * scale
     return {
@@ -121,9 +320,6 @@ def _ratio(what, ours, base, unit, base_name, goal=None, scale=1.0) -> dict:
         "samples_daskgpu": [x * scale for x in ours],
         "samples_baseline": [x * scale for x in base],
     }
-
-
-SECTIONS = {"cold": bench_cold, "launch": bench_launch}
 
 
 def _table(rows) -> str:
@@ -148,12 +344,16 @@ def main(argv=None) -> int:
     for name in args.sections:
         if name not in SECTIONS:
             parser.error(f"unknown section {name!r}; choose from {', '.join(SECTIONS)}")
-        row = SECTIONS[name]()
-        rows.append(row)
-        print(_table([row]), flush=True)
+        result = SECTIONS[name]()
+        result = result if isinstance(result, list) else [result]
+        rows += result
+        print(_table(result), flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=2)
+    if _Cluster.client is not None:
+        _Cluster.client.cluster.close()
+        _Cluster.client.close()
     return 0
 
 

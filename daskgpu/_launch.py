@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import operator
 
-from daskgpu._argspec import array_info, describe, signature_str
+from daskgpu._argspec import Zeroed, array_info, describe, signature_str
 from daskgpu._errors import LaunchConfigError, PicklingError
 
 
@@ -123,8 +123,12 @@ def written_result(args, writes):
     if not writes:
         return None
     if len(writes) == 1:
-        return args[writes[0]]
-    return tuple(args[i] for i in writes)
+        return _unwrap(args[writes[0]])
+    return tuple(_unwrap(args[i]) for i in writes)
+
+
+def _unwrap(arg):
+    return arg.array if type(arg) is Zeroed else arg
 
 
 class Launch:

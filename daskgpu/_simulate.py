@@ -13,6 +13,8 @@ import types as pytypes
 
 import cloudpickle
 
+from daskgpu._argspec import Zeroed
+
 # The simulator keeps its kernel context in a module global and supports one
 # launch at a time per process.
 _launch_lock = threading.Lock()
@@ -30,6 +32,7 @@ def run_function(py_func, config, args):
     """Simulate ``py_func`` as a kernel launched with ``config`` on ``args``."""
     from numba.cuda.simulator.kernel import FakeCUDAKernel
 
+    args = [_fresh(a) if type(a) is Zeroed else a for a in args]
     for a in args:
         if hasattr(a, "__cuda_array_interface__") and not hasattr(a, "__array_interface__"):
             raise TypeError(
@@ -46,6 +49,12 @@ def run_function(py_func, config, args):
     kernel = FakeCUDAKernel(_simulable(py_func, {}), device=False)
     with _launch_lock:
         kernel[grid, block, 0, config.sharedmem](*args)
+
+
+def _fresh(arg: Zeroed):
+    # A launch zero-fills a Zeroed output on the device; here the host is the device.
+    arg.array.fill(0)
+    return arg.array
 
 
 def _simulable(fn, done: dict):

@@ -43,10 +43,13 @@ class CUDAError(DeviceError):
         super().__init__(f"{what} failed: {name}: {text}.{hint}")
 
 
+_SUCCESS = driver.CUresult.CUDA_SUCCESS
+
+
 def check(result, what: str):
     """Unpack a ``cuda.bindings`` result tuple, raising :class:`CUDAError`."""
     err = result[0]
-    if err != driver.CUresult.CUDA_SUCCESS:
+    if err != _SUCCESS:
         raise CUDAError(err, what)
     if len(result) == 1:
         return None

@@ -26,14 +26,20 @@ class ModuleCache:
         self._lock = threading.Lock()
         self.links = 0  # how many times a miss linked, for tests and diagnostics
 
-    def get(self, key, build):
-        """The entry for ``key``, calling ``build()`` once on a miss."""
-        entry = self._entries.get(key)  # lock-free hit: dict reads are atomic
+    def lookup(self, key):
+        """The entry for ``key``, or None; lock-free, since dict reads are atomic."""
+        entry = self._entries.get(key)
         if entry is not None:
             try:
                 self._entries.move_to_end(key)
             except KeyError:  # evicted by another thread meanwhile: still valid
                 pass
+        return entry
+
+    def get(self, key, build):
+        """The entry for ``key``, calling ``build()`` once on a miss."""
+        entry = self.lookup(key)
+        if entry is not None:
             return entry
         with self._lock:
             entry = self._entries.get(key)

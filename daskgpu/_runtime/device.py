@@ -6,9 +6,12 @@ import functools
 import threading
 from dataclasses import dataclass
 
+from cuda.bindings import driver
 from cuda.core import Device
 
+from daskgpu import _config
 from daskgpu._errors import LaunchConfigError
+from daskgpu._runtime._cuda import check
 
 
 @dataclass(frozen=True)
@@ -80,4 +83,34 @@ def _state(device_id: int) -> DeviceState:
         max_shared_memory_per_block=p.max_shared_memory_per_block_optin,
     )
     cc = dev.compute_capability
+    _keep_freed_memory(device_id, int(_config.get("device-pool-bytes", 0)))
     return DeviceState(dev, device_id, (cc.major, cc.minor), limits)
+
+
+def _keep_freed_memory(device_id: int, nbytes: int) -> None:
+    # By default the pool returns freed memory to the driver at every
+    # synchronisation, so each chunk's allocation would map fresh pages.
+    pool = check(driver.cuDeviceGetDefaultMemPool(device_id), "cuDeviceGetDefaultMemPool")
+    check(
+        driver.cuMemPoolSetAttribute(
+            pool, driver.CUmemPool_attribute.CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+            driver.cuuint64_t(nbytes),
+        ),
+        "cuMemPoolSetAttribute",
+    )
+
+
+def thread_stream():
+    """A non-blocking stream of this thread's own, for launches that stage host arrays.
+
+    Worker threads then copy and compute concurrently instead of queueing on
+    the legacy default stream.
+    """
+    stream = getattr(_thread, "stream", None)
+    if stream is None:
+        current()
+        stream = check(
+            driver.cuStreamCreate(driver.CUstream_flags.CU_STREAM_NON_BLOCKING), "cuStreamCreate"
+        )
+        _thread.stream = stream
+    return stream

@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 from cuda.bindings import driver
 from cuda.core import ObjectCode
 
 from daskgpu import _config
+from daskgpu._argspec import Zeroed
 from daskgpu._runtime import device as _device
 from daskgpu._runtime._cuda import check, driver_version, nvjitlink_version
 from daskgpu._runtime.cache import DiskCache, ModuleCache
 from daskgpu._runtime.linking import link_cubin
 from daskgpu._runtime.marshal import ParamLayout, flatten
+from daskgpu._runtime.staging import PinnedPool, Stager
 
 #: The process-wide cache of linked kernels, keyed by (image hash, device id).
 module_cache = ModuleCache(int(_config.get("module-cache-size", 256)))
@@ -62,6 +66,10 @@ class LinkedKernel:
 
 def linked(image, state) -> LinkedKernel:
     """``image`` linked for ``state``'s device: from memory, disk, or the linker."""
+    key = (image.hash, state.id)
+    kernel = module_cache.lookup(key)
+    if kernel is not None:
+        return kernel
 
     def build():
         versions = (driver_version(), nvjitlink_version())
@@ -74,7 +82,7 @@ def linked(image, state) -> LinkedKernel:
                 disk.store(image.hash, state.cc, versions, cubin)
         return LinkedKernel(image, state, cubin)
 
-    return module_cache.get((image.hash, state.id), build)
+    return module_cache.get(key, build)
 
 
 def launch_dims(config, kernel: LinkedKernel):
@@ -123,15 +131,27 @@ def stream_handle(stream) -> int:
 
 
 class _HostStaging:
-    """Device copies of the host arrays of one launch, freed on exit."""
+    """Device copies of the host arrays of one launch, freed on exit.
+
+    Arrays of at least ``daskgpu.pipeline-min-bytes`` go through the pinned
+    pipeline of :class:`~daskgpu._runtime.staging.Stager`; smaller ones are
+    copied directly, where a pipeline's set-up would cost more than it saves.
+    """
 
     def __init__(self, stream):
         self.stream = stream
         self.allocations = []
         self.copy_back = []
+        self.min_pipelined = int(_config.get("pipeline-min-bytes"))
 
-    def stage(self, array: np.ndarray, written: bool):
-        """Copy ``array`` to the device; return ``(ptr, shape, strides, itemsize)``."""
+    def stage(self, arg, written: bool):
+        """Copy host array ``arg`` to the device; return ``(ptr, shape, strides, itemsize)``.
+
+        A :class:`~daskgpu._argspec.Zeroed` output is zero-filled on the device
+        instead of copied.
+        """
+        fresh = type(arg) is Zeroed
+        array = arg.array if fresh else arg
         host = array
         if not (array.flags.c_contiguous or array.flags.f_contiguous):
             host = np.ascontiguousarray(array)
@@ -139,10 +159,15 @@ class _HostStaging:
             return (0, host.shape, host.strides, host.itemsize)
         dptr = check(driver.cuMemAllocAsync(host.nbytes, self.stream), "cuMemAllocAsync")
         self.allocations.append(dptr)
-        check(
-            driver.cuMemcpyHtoDAsync(dptr, host.ctypes.data, host.nbytes, self.stream),
-            "cuMemcpyHtoDAsync",
-        )
+        if fresh:
+            check(driver.cuMemsetD8Async(dptr, 0, host.nbytes, self.stream), "cuMemsetD8Async")
+        elif host.nbytes >= self.min_pipelined:
+            stager().to_device(dptr, host, self.stream)
+        else:
+            check(
+                driver.cuMemcpyHtoDAsync(dptr, host.ctypes.data, host.nbytes, self.stream),
+                "cuMemcpyHtoDAsync",
+            )
         if written:
             self.copy_back.append((array, host, dptr))
         return (int(dptr), host.shape, host.strides, host.itemsize)
@@ -150,10 +175,13 @@ class _HostStaging:
     def finish(self):
         """Copy written arrays back and wait for them."""
         for array, host, dptr in self.copy_back:
-            check(
-                driver.cuMemcpyDtoHAsync(host.ctypes.data, dptr, host.nbytes, self.stream),
-                "cuMemcpyDtoHAsync",
-            )
+            if host.nbytes >= self.min_pipelined:
+                stager().to_host(host, dptr, self.stream)
+            else:
+                check(
+                    driver.cuMemcpyDtoHAsync(host.ctypes.data, dptr, host.nbytes, self.stream),
+                    "cuMemcpyDtoHAsync",
+                )
         check(driver.cuStreamSynchronize(self.stream), "cuStreamSynchronize")
         for array, host, _ in self.copy_back:
             if host is not array:
@@ -163,6 +191,13 @@ class _HostStaging:
         for dptr in self.allocations:
             driver.cuMemFreeAsync(dptr, self.stream)
         self.allocations.clear()
+
+
+@functools.cache
+def stager() -> Stager:
+    """The process's pinned copy pipeline, made on first large host copy."""
+    pool = PinnedPool(int(_config.get("pinned-slot-bytes")), int(_config.get("pinned-pool-bytes")))
+    return Stager(pool, threads=int(_config.get("copy-threads")))
 
 
 _DEFAULT_STREAM = driver.CUstream(0)
@@ -177,8 +212,12 @@ def run(image, config, args, infos):
     state = _device.current()
     kernel = linked(image, state)
     griddim, blockdim = kernel.dims(config, state, image.name)
-    handle = stream_handle(config.stream)
-    stream = _DEFAULT_STREAM if handle == 0 else driver.CUstream(handle)
+    if config.stream:
+        stream = driver.CUstream(stream_handle(config.stream))
+    elif _host_only(infos):
+        stream = _device.thread_stream()
+    else:
+        stream = _DEFAULT_STREAM
     writes = image.writes
     staging = None
     values = []
@@ -207,6 +246,18 @@ def run(image, config, args, infos):
     finally:
         if staging is not None:
             staging.free()
+
+
+def _host_only(infos) -> bool:
+    # With device arrays in the mix, the legacy default stream keeps the launch
+    # ordered after the caller's own work on them (as Numba's launches are).
+    has_host = False
+    for info in infos:
+        if info is not None:
+            if info[3] is not None:
+                return False
+            has_host = True
+    return has_host
 
 
 def _nitems(shape):

@@ -52,7 +52,7 @@ class ParamLayout:
         self._local = threading.local()
 
     def buffers(self):
-        """This thread's ``(param bytes, pointer array)``, made once per thread.
+        """This thread's ``(param bytes, pointer array, its address)``, made once per thread.
 
         ``cuLaunchKernel`` copies parameters when called, so a buffer can be
         reused for the next launch as soon as the call returns.
@@ -62,14 +62,14 @@ class ParamLayout:
             data = np.zeros(self.size, dtype=np.uint8)
             base = data.ctypes.data
             ptrs = np.array([base + o for o in self.offsets] or [0], dtype=np.uint64)
-            bufs = self._local.bufs = (data, ptrs)
+            bufs = self._local.bufs = (data, ptrs, ptrs.ctypes.data)
         return bufs
 
     def pack(self, values) -> int:
         """Pack flattened ``values``; return the address of the pointer array."""
-        data, ptrs = self.buffers()
+        data, _, address = self.buffers()
         self.format.pack_into(data, 0, *values)
-        return ptrs.ctypes.data
+        return address
 
 
 def flatten(spec, value, out: list) -> None:

@@ -1,0 +1,174 @@
+"""Host <-> device copies at pinned-memory speed for pageable numpy arrays.
+
+The DMA engines read only page-locked memory at full speed; a pageable numpy
+array goes through the driver's own small bounce buffer at a fraction of it.
+Large copies here are cut into pieces that several threads copy into a ring of
+pinned slots while the DMA engine drains the slots already filled, so CPU
+copies and transfers overlap. Slots come from a :class:`PinnedPool` bounded by
+``daskgpu.pinned-pool-bytes``; nothing is allocated per launch.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+from cuda.bindings import driver
+
+from daskgpu._runtime._cuda import check
+
+
+class PinnedSlot:
+    """One page-locked host buffer and the event of its last transfer."""
+
+    __slots__ = ("ptr", "nbytes", "array", "event")
+
+    def __init__(self, nbytes: int):
+        self.ptr = check(driver.cuMemHostAlloc(nbytes, 0), "cuMemHostAlloc")
+        self.nbytes = nbytes
+        self.array = np.ctypeslib.as_array(_byte_pointer(self.ptr), shape=(nbytes,))
+        self.event = check(
+            driver.cuEventCreate(driver.CUevent_flags.CU_EVENT_DISABLE_TIMING), "cuEventCreate"
+        )
+
+    def free(self):
+        driver.cuEventDestroy(self.event)
+        driver.cuMemFreeHost(self.ptr)
+
+
+def _byte_pointer(address: int):
+    import ctypes
+
+    return ctypes.cast(ctypes.c_void_p(int(address)), ctypes.POINTER(ctypes.c_ubyte))
+
+
+class PinnedPool:
+    """Pinned slots of ``slot_bytes`` each, at most ``max_bytes`` in total.
+
+    A transfer takes a ring of slots for its duration and gives them back;
+    when the pool is exhausted, :meth:`acquire` waits for a ring to return.
+    """
+
+    def __init__(self, slot_bytes: int, max_bytes: int):
+        if slot_bytes <= 0 or max_bytes < slot_bytes:
+            raise ValueError(
+                f"pinned pool needs 0 < slot_bytes <= max_bytes, got {slot_bytes} and {max_bytes}"
+            )
+        self.slot_bytes = slot_bytes
+        self.max_slots = max_bytes // slot_bytes
+        self._free: list = []
+        self._made = 0
+        self._cond = threading.Condition()
+
+    def acquire(self, n: int) -> list:
+        """``n`` slots (capped at the pool's size), blocking until available."""
+        n = max(1, min(n, self.max_slots))
+        with self._cond:
+            while len(self._free) + (self.max_slots - self._made) < n:
+                self._cond.wait()
+            slots = [self._free.pop() for _ in range(min(n, len(self._free)))]
+            while len(slots) < n:
+                slots.append(PinnedSlot(self.slot_bytes))
+                self._made += 1
+            return slots
+
+    def release(self, slots) -> None:
+        with self._cond:
+            self._free.extend(slots)
+            self._cond.notify_all()
+
+    @property
+    def allocated_bytes(self) -> int:
+        return self._made * self.slot_bytes
+
+    def clear(self) -> None:
+        """Free the idle slots (slots in use are freed when given back later)."""
+        with self._cond:
+            for slot in self._free:
+                slot.free()
+            self._made -= len(self._free)
+            self._free.clear()
+
+
+class Stager:
+    """Pipelined copies between pageable host arrays and device memory.
+
+    Parameters
+    ----------
+    pool : PinnedPool
+    threads : int
+        CPU threads copying between pageable memory and pinned slots.
+    ring : int
+        Slots one transfer keeps in flight.
+    """
+
+    def __init__(self, pool: PinnedPool, threads: int, ring: int = 8):
+        self.pool = pool
+        self.ring = ring
+        self._executor = ThreadPoolExecutor(max(1, threads), thread_name_prefix="daskgpu-copy")
+
+    def _pieces(self, nbytes):
+        step = self.pool.slot_bytes
+        return [(off, min(step, nbytes - off)) for off in range(0, nbytes, step)]
+
+    def to_device(self, dptr: int, host: np.ndarray, stream) -> None:
+        """Queue a copy of contiguous ``host`` to ``dptr`` on ``stream``.
+
+        Returns once every byte has left ``host`` (it sits in pinned slots or on
+        the device); the device side completes in stream order.
+        """
+        src = host.ravel(order="K").view(np.uint8)  # a view: host is contiguous
+        pieces = self._pieces(src.nbytes)
+        slots = self.pool.acquire(min(self.ring, len(pieces)))
+        pending = deque()
+        try:
+            for k, (off, size) in enumerate(pieces):
+                slot = slots[k % len(slots)]
+                if len(pending) == len(slots):
+                    self._send(pending.popleft(), dptr, stream)
+                # The slot's previous piece must have left it before it is refilled.
+                check(driver.cuEventSynchronize(slot.event), "cuEventSynchronize")
+                job = self._executor.submit(np.copyto, slot.array[:size], src[off:off + size])
+                pending.append((job, slot, off, size))
+            while pending:
+                self._send(pending.popleft(), dptr, stream)
+            for slot in slots:
+                check(driver.cuEventSynchronize(slot.event), "cuEventSynchronize")
+        finally:
+            self.pool.release(slots)
+
+    @staticmethod
+    def _send(item, dptr, stream):
+        job, slot, off, size = item
+        job.result()
+        check(driver.cuMemcpyHtoDAsync(int(dptr) + off, slot.ptr, size, stream),
+              "cuMemcpyHtoDAsync")
+        check(driver.cuEventRecord(slot.event, stream), "cuEventRecord")
+
+    def to_host(self, host: np.ndarray, dptr: int, stream) -> None:
+        """Copy ``dptr`` into contiguous ``host`` after the work queued on ``stream``."""
+        dst = host.ravel(order="K").view(np.uint8)
+        pieces = self._pieces(dst.nbytes)
+        slots = self.pool.acquire(min(self.ring, len(pieces)))
+        pending = deque()
+        try:
+            for k, (off, size) in enumerate(pieces):
+                slot = slots[k % len(slots)]
+                if len(pending) == len(slots):
+                    pending.popleft().result()  # the slot's previous piece is copied out
+                check(driver.cuMemcpyDtoHAsync(slot.ptr, int(dptr) + off, size, stream),
+                      "cuMemcpyDtoHAsync")
+                check(driver.cuEventRecord(slot.event, stream), "cuEventRecord")
+                pending.append(self._executor.submit(
+                    _drain, slot, dst[off:off + size], size))
+            while pending:
+                pending.popleft().result()
+        finally:
+            self.pool.release(slots)
+
+
+def _drain(slot, dst, size):
+    check(driver.cuEventSynchronize(slot.event), "cuEventSynchronize")
+    np.copyto(dst, slot.array[:size])
