@@ -41,7 +41,8 @@ class LocalGPUCluster(SpecCluster):
     and examples. The dask.config setting ``daskgpu.simulate`` is then on in
     this process for the cluster's lifetime (and restored on close), so that
     kernels shipped from here carry their Python function, and on every
-    worker.
+    worker. Simulated workers are pinned to no GPU; ``devices`` then only
+    sets how many there are.
 
     Parameters
     ----------
@@ -211,6 +212,14 @@ def resolve_devices(devices=None, simulate=None):
     else:
         visible, reason = visible_devices()
         if visible:
+            if devices and "CUDA_VISIBLE_DEVICES" not in os.environ:
+                missing = [d for d in devices if isinstance(d, int) and d >= len(visible)]
+                if missing:
+                    raise DeviceError(
+                        f"devices={list(devices)} names GPU {missing[0]}, but this "
+                        f"machine has {len(visible)} GPU(s), 0 to {len(visible) - 1}; "
+                        "nvidia-smi -L lists them"
+                    )
             return devices or visible, False
         if simulate is not None:
             raise DeviceError(
@@ -313,8 +322,9 @@ def worker_specs(devices, *, simulate, threads_per_worker=1, processes=True,
     """One ``SpecCluster`` worker spec per device, named 0, 1, ...
 
     Worker ``i``'s ``CUDA_VISIBLE_DEVICES`` starts at ``devices[i]`` and
-    continues round the list. Each worker offers ``GPU=1`` and runs its own
-    :class:`GPUWorkerPlugin`.
+    continues round the list; simulated workers get none, since their devices
+    are not real GPUs (distributed's NVML monitor would look them up). Each
+    worker offers ``GPU=1`` and runs its own :class:`GPUWorkerPlugin`.
 
     Examples
     --------
@@ -327,19 +337,18 @@ def worker_specs(devices, *, simulate, threads_per_worker=1, processes=True,
     devices = tuple(devices)
     specs = {}
     for i in range(len(devices)):
-        rotated = devices[i:] + devices[:i]
         opts = dict(options)
         opts["nthreads"] = threads_per_worker
         opts["resources"] = {**(options.get("resources") or {}), "GPU": 1}
         opts["plugins"] = (*(options.get("plugins") or ()), GPUWorkerPlugin())
         if processes:
             cls = Nanny
-            opts["env"] = {
-                **(options.get("env") or {}),
-                "CUDA_VISIBLE_DEVICES": ",".join(map(str, rotated)),
-                # dask.config reads DASK_-prefixed variables: daskgpu.simulate.
-                "DASK_DASKGPU__SIMULATE": str(bool(simulate)),
-            }
+            env = {**(options.get("env") or {}),
+                   # dask.config reads DASK_-prefixed variables: daskgpu.simulate.
+                   "DASK_DASKGPU__SIMULATE": str(bool(simulate))}
+            if not simulate:  # simulated devices are not real GPUs: pin none
+                env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, devices[i:] + devices[:i]))
+            opts["env"] = env
         else:
             cls = Worker
         specs[i] = {"cls": cls, "options": opts}
