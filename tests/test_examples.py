@@ -1,0 +1,87 @@
+"""The examples and ``daskgpu demo``, run simulated at small sizes."""
+
+from __future__ import annotations
+
+import importlib.util
+import pathlib
+
+import numpy as np
+import pytest
+
+import daskgpu as dg
+
+EXAMPLES = pathlib.Path(__file__).resolve().parent.parent / "examples"
+
+
+def load(name):
+    spec = importlib.util.spec_from_file_location(f"daskgpu_example_{name}",
+                                                  EXAMPLES / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    # Threaded workers in this process: fast to start, still a real scheduler.
+    with dg.LocalGPUCluster(simulate=True, processes=False, dashboard_address=None) as c:
+        yield c
+
+
+def test_saxpy_dask(cluster, capsys):
+    z = load("saxpy_dask").main(n=1_000, cluster=cluster)
+    assert z.shape == (1_000,) and z.dtype == np.float32
+    assert "matches NumPy" in capsys.readouterr().out
+
+
+def test_heat2d(cluster):
+    heat2d = load("heat2d")
+    u = heat2d.main(n=16, cluster=cluster, steps=3)
+    np.testing.assert_allclose(u, heat2d.reference(heat2d.initial(16), 3, 0.2), rtol=1e-12)
+    # Heat flows out of the hot square but none is created.
+    assert u.max() < 100.0
+    assert u.sum() == pytest.approx(heat2d.initial(16).sum(), rel=1e-12)  # not at the edge yet
+
+
+def test_monte_carlo_pi(cluster):
+    mc = load("monte_carlo_pi")
+    estimate, hits = mc.main(n=2_000, cluster=cluster)
+    assert hits == mc.reference_hits(2_000, 2024)
+    assert abs(estimate - np.pi) < 0.15
+    # Counter-based: the same samples however they are chunked.
+    _, hits_again = mc.main(n=2_000, cluster=cluster)
+    assert hits_again == hits
+
+
+def test_batch_map(cluster):
+    results = load("batch_map").main(n=100, cluster=cluster, batch=4)
+    assert len(results) == 5
+    assert all(isinstance(r, np.ndarray) for r in results)
+
+
+def test_demo_run_on_a_given_cluster(cluster, capsys):
+    from daskgpu import _demo
+
+    summary = _demo.run(size=2_000, cluster=cluster)
+    assert summary["ok"] and summary["simulated"]
+    assert summary["max_abs_error"] == 0.0
+    assert sorted(summary["placement"]) == list(range(len(summary["placement"])))
+    assert set(summary["placement"].values()) <= set(summary["workers"])
+    out = capsys.readouterr().out
+    assert "saxpy over 2,000 float32 elements" in out and "OK" in out
+    assert cluster.status.name == "running"  # a given cluster is left running
+
+
+def test_demo_main_starts_its_own_cluster(capsys):
+    from daskgpu import _demo
+
+    assert _demo.main(["--size", "1000", "--simulate"]) == 0
+    out = capsys.readouterr().out
+    assert "(simulated)" in out and "OK" in out
+
+
+def test_demo_refuses_a_contradictory_simulate(cluster):
+    from daskgpu import _demo
+
+    with pytest.raises(ValueError, match="leave simulate=None"):
+        _demo.run(size=100, simulate=False, cluster=cluster)
