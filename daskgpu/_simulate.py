@@ -12,6 +12,7 @@ import threading
 import types as pytypes
 
 import cloudpickle
+import numpy as np
 
 from daskgpu._argspec import Zeroed
 
@@ -46,9 +47,19 @@ def run_function(py_func, config, args):
         grid = tuple(max(1, -(-n // b)) for n, b in zip(ntasks, block))
     else:
         grid, block = config.griddim, config.blockdim
+    # The simulator, like Numba, copies only contiguous host arrays; the GPU
+    # launcher stages strided ones through contiguous copies, and so does this.
+    staged = [
+        (a, np.ascontiguousarray(a)) if isinstance(a, np.ndarray)
+        and not (a.flags.c_contiguous or a.flags.f_contiguous) else (a, a)
+        for a in args
+    ]
     kernel = FakeCUDAKernel(_simulable(py_func, {}), device=False)
     with _launch_lock:
-        kernel[grid, block, 0, config.sharedmem](*args)
+        kernel[grid, block, 0, config.sharedmem](*(copy for _, copy in staged))
+    for a, copy in staged:
+        if copy is not a and a.flags.writeable:
+            a[...] = copy
 
 
 def _fresh(arg: Zeroed):
