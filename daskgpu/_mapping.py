@@ -191,25 +191,26 @@ class _ChunkLaunch:
         The parameters returned, in order: outputs, then written dask inputs.
     rank : int
         Launch rank: 1 for ``ntasks = chunk.size``, else ``ntasks = chunk.shape``.
-    starts, depth, boundary
+    starts, depth, edge_halo
         Per axis: chunk start indices in the aligned array, halo depth, and
-        whether the first chunk has a left halo (for :data:`offset`).
+        whether the first chunk also has a halo (a boundary other than
+        ``"none"``); together they give :data:`offset`.
     cupy : bool
         Allocate outputs with CuPy even when no chunk argument is a CuPy array.
     """
 
     __slots__ = ("kernel", "params", "returns", "rank", "tpb", "starts", "depth",
-                 "boundary", "cupy")
+                 "edge_halo", "cupy")
 
-    def __init__(self, kernel, params, returns, rank, tpb, starts, depth, boundary, cupy):
+    def __init__(self, kernel, params, returns, rank, tpb, starts, depth, edge_halo, cupy):
         self.kernel, self.params, self.returns = kernel, params, returns
         self.rank, self.tpb = rank, tpb
-        self.starts, self.depth, self.boundary = starts, depth, boundary
+        self.starts, self.depth, self.edge_halo = starts, depth, edge_halo
         self.cupy = cupy
 
     def __reduce__(self):
         return _ChunkLaunch, (self.kernel, self.params, self.returns, self.rank,
-                              self.tpb, self.starts, self.depth, self.boundary, self.cupy)
+                              self.tpb, self.starts, self.depth, self.edge_halo, self.cupy)
 
     def __repr__(self):
         return f"<map_kernel chunk launch of {self.kernel.__name__}>"
@@ -222,21 +223,16 @@ class _ChunkLaunch:
         out = []
         for axis, b in enumerate(block_id):
             start = self.starts[axis][b]
-            if b > 0 or self.boundary[axis]:
+            if b > 0 or self.edge_halo[axis]:
                 start -= self.depth[axis]
             out.append(np.int64(start))
         return tuple(out)
 
     def __call__(self, *values, block_id=None):
-        use_cupy = self.cupy or any(
-            kind == CHUNK and _is_cupy(v)
-            for (kind, _, _), v in zip((p for p in self.params if p[0] != OFFSET), values)
-        )
-        xp = _array_module(use_cupy)
-        shapes = [v.shape for (kind, _, _), v in
-                  zip((p for p in self.params if p[0] != OFFSET), values)
-                  if kind in (CHUNK, OUT)]
-        shape = np.broadcast_shapes(*shapes)
+        taking = [p for p in self.params if p[0] != OFFSET]
+        arrays = [v for (kind, _, _), v in zip(taking, values) if kind in (CHUNK, OUT)]
+        xp = _array_module(self.cupy or any(_is_cupy(v) for v in arrays))
+        shape = np.broadcast_shapes(*(v.shape for v in arrays))
         offsets = self.offsets(block_id) if block_id is not None else ()
         args, it = [], iter(values)
         for kind, a, b in self.params:
@@ -321,7 +317,11 @@ def _check_kernel(kernel):
 
 
 def _classify(args):
-    """Split ``args`` into task parameters; return (roles, dask arrays, outs)."""
+    """The role of each argument, and the dask arrays and :class:`Out` among them.
+
+    Returns ``(roles, arrays)``: one ``(kind, value)`` per argument, where
+    ``value`` indexes ``arrays`` for dask arrays and outputs.
+    """
     import dask.array as da
     from dask.base import is_dask_collection
 
@@ -491,8 +491,10 @@ def map_kernel(kernel, *args, depth=None, boundary=None, tpb=0, name=None, grid_
     tpb : int
         Threads per block; 0 asks the occupancy API.
     name : str, optional
-        Key name of the launch tasks. Default: the kernel's name and a token
-        of its image hash and the arguments, so equal calls give equal keys.
+        Key name of the launch tasks, and of the result when there is one
+        output and no halo (several outputs are named ``{name}-out{i}``).
+        Default: the kernel's name and a token of its image hash and the
+        arguments, so equal calls give equal keys.
     grid_ndim : int, optional
         Launch rank. Default: the rank of the kernel's ``cuda.grid(n)`` /
         ``cuda.gridsize(n)`` calls, else 1. Rank 1 launches ``chunk.size``
@@ -509,9 +511,14 @@ def map_kernel(kernel, *args, depth=None, boundary=None, tpb=0, name=None, grid_
     Notes
     -----
     Each chunk's task holds only PTX and plain data (plus, while
-    ``daskgpu.simulate`` is on, the Python function for the simulator). On a
-    distributed cluster whose workers offer a ``GPU`` resource the launch
-    tasks ask for ``resources={"GPU": 1}``.
+    ``daskgpu.simulate`` is on, the Python function for the simulator).
+
+    When a distributed client is current and its workers offer a ``GPU``
+    resource, the launch tasks are annotated ``resources={"GPU": 1}``. Dask's
+    low-level task fusion drops annotations (dask/dask#7036), so on a cluster
+    that mixes GPU and CPU workers compute with
+    ``dask.config.set({"optimization.fuse.active": False})``; on one where
+    every worker has a GPU, placement needs no annotation.
 
     Examples
     --------
