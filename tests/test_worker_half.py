@@ -1,0 +1,103 @@
+"""The worker half imports, unpickles, marshals and links with numba unimportable."""
+
+import json
+import pickle
+import subprocess
+import sys
+import textwrap
+
+import dask
+import pytest
+from numba import cuda
+
+import daskgpu as dg
+from daskgpu._runtime._cuda import nvjitlink_version
+
+# Read a setting with dask loaded, so daskgpu's defaults are registered before any
+# dask.config.set below (see test_public_api.py::test_config_set_keeps_the_defaults).
+dg._config.get("target-cc")
+
+
+@dg.jit(["void(float32[::1], float32, float32[::1], float32[::1])",
+         "void(float64[:], float64, float64[:], float64[:])"], targets=["7.5", "9.0"])
+def saxpy(out, a, x, y):
+    i = cuda.grid(1)
+    if i < out.shape[0]:
+        out[i] = a * x[i] + y[i]
+
+
+WORKER = textwrap.dedent("""
+    import json, pickle, sys
+    sys.modules["numba"] = None  # before any import: numba cannot be imported
+
+    import daskgpu, daskgpu._launch, daskgpu._image, daskgpu._argspec
+    import daskgpu._runtime.marshal, daskgpu._runtime.cache, daskgpu._runtime.linking
+    import daskgpu._runtime.launcher, daskgpu._runtime.device
+    from daskgpu._runtime.marshal import ParamLayout
+
+    launch = pickle.loads(sys.stdin.buffer.read())
+    images = launch.kernel.images
+    report = {
+        "kernel": type(launch.kernel).__name__,
+        "signatures": launch.kernel.signatures,
+        "hashes": [im.hash for im in images],
+        "writes": [list(im.writes) for im in images],
+        "params": [len(ParamLayout(im.args).offsets) for im in images],
+        "config": repr(launch.config),
+    }
+    if sys.argv[1] == "link":
+        from daskgpu._runtime import linking
+        # No driver on CI machines; nvJitLink alone links (see test_linking.py).
+        linking.driver_version = lambda: (12, 9)
+        report["cubin"] = linking.link_cubin(images[0], (9, 0))[:4].hex()
+    report["numba"] = sorted(
+        m for m, v in sys.modules.items() if m.startswith("numba") and v is not None)
+    report["dask"] = sorted(m for m in sys.modules if m.split(".")[0] in ("dask", "distributed"))
+    print(json.dumps(report))
+""")
+
+
+def run_worker(launch, mode="plain"):
+    proc = subprocess.run([sys.executable, "-c", WORKER, mode], input=pickle.dumps(launch),
+                          capture_output=True)
+    assert proc.returncode == 0, proc.stderr.decode()
+    return json.loads(proc.stdout.decode().strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def report():
+    return run_worker(saxpy.forall(1000))
+
+
+def test_no_numba_module_is_imported(report):
+    assert report["numba"] == []
+
+
+def test_unpickled_launch_is_the_ptx_kernel(report):
+    assert report["kernel"] == "PTXKernel"
+    assert report["signatures"] == saxpy.signatures
+    assert report["hashes"] == [im.hash for im in saxpy.images]
+    assert report["writes"] == [[0], [0]]
+    assert report["config"] == "LaunchConfig(ntasks=1000)"
+    # Three 1-D arrays (7 PTX parameters each) and a scalar.
+    assert report["params"] == [3 * 7 + 1, 3 * 7 + 1]
+
+
+def test_bare_worker_does_not_import_dask(report):
+    # Unpickling and running a launch needs neither dask nor distributed.
+    assert report["dask"] == []
+
+
+def test_simulated_launch_unpickles_without_numba():
+    with dask.config.set({"daskgpu.simulate": True}):
+        launch = saxpy[2, 32]
+        out = run_worker(launch)
+    assert out["numba"] == [] and out["kernel"] == "PTXKernel"
+    assert out["hashes"] == [im.hash for im in saxpy.images]
+
+
+@pytest.mark.skipif(nvjitlink_version() is None, reason="needs nvJitLink")
+def test_worker_half_links_without_numba():
+    out = run_worker(saxpy[1, 32], "link")
+    assert out["cubin"] == b"\x7fELF".hex()
+    assert out["numba"] == []
