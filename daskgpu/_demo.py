@@ -102,6 +102,8 @@ def run(size=None, simulate=None, cluster=None, *, chunks=None, verbose=True) ->
             saxpy = _kernel()
             say(f"saxpy over {size:,} float32 elements in {x.numblocks[0]} chunks on "
                 f"{len(workers)} worker(s) ({'simulated' if simulated else 'GPU'})")
+            if client.dashboard_link:
+                say(f"  dashboard: {client.dashboard_link}")
 
             times = []
             for i in range(2):  # distinct keys, so the second pass really runs
@@ -120,7 +122,8 @@ def run(size=None, simulate=None, cluster=None, *, chunks=None, verbose=True) ->
             for w in workers:
                 mine = sorted(c for c, ww in placement.items() if ww == w)
                 say(f"  {w}: chunks {mine}")
-            say(f"first pass {times[0]:.3f} s (includes linking), second {times[1]:.3f} s "
+            first = "first-use setup" if simulated else "linking for the GPU"
+            say(f"first pass {times[0]:.3f} s (includes {first}), second {times[1]:.3f} s "
                 f"({gbps:.3g} GB/s); max |error| vs NumPy {error:.2e}: "
                 f"{'OK' if ok else 'MISMATCH'}")
     finally:
