@@ -107,28 +107,9 @@ interface, silence_logs, memory_limit, asynchronous, loop, name, scheduler_kwarg
                 "process, so it cannot pin them to different GPUs; keep "
                 "processes=True, or pass simulate=True for threaded test workers"
             )
-        if security is None:
-            security = Security()
-        elif security is True:
-            security = Security.temporary()
-        elif not isinstance(security, Security):
-            raise TypeError(
-                f"security must be a distributed.Security object or True, got {security!r}"
-            )
-        if protocol is None:
-            if host and "://" in host:
-                protocol = host.split("://")[0]
-            elif security.require_encryption:
-                protocol = "tls://"
-            elif not processes and not scheduler_port:
-                protocol = "inproc://"
-            else:
-                protocol = "tcp://"
-        if not protocol.endswith("://"):
-            protocol += "://"
-        if host is None and not protocol.startswith("inproc") and not interface:
-            host = "127.0.0.1"
-
+        security, protocol, host = _transport(
+            security, protocol, host, interface, processes, scheduler_port
+        )
         worker_kwargs.update(
             host=host, protocol=protocol, interface=interface, security=security,
             silence_logs=silence_logs,
@@ -190,6 +171,32 @@ interface, silence_logs, memory_limit, asynchronous, loop, name, scheduler_kwarg
         guard, self._config_guard = getattr(self, "_config_guard", None), None
         if guard is not None:
             guard.__exit__(None, None, None)
+
+
+def _transport(security, protocol, host, interface, processes, scheduler_port):
+    """``(security, protocol, host)`` chosen as ``distributed.LocalCluster`` does."""
+    if security is None:
+        security = Security()
+    elif security is True:
+        security = Security.temporary()
+    elif not isinstance(security, Security):
+        raise TypeError(
+            f"security must be a distributed.Security object or True, got {security!r}"
+        )
+    if protocol is None:
+        if host and "://" in host:
+            protocol = host.split("://")[0]
+        elif security.require_encryption:
+            protocol = "tls://"
+        elif not processes and not scheduler_port:
+            protocol = "inproc://"
+        else:
+            protocol = "tcp://"
+    if not protocol.endswith("://"):
+        protocol += "://"
+    if host is None and not protocol.startswith("inproc") and not interface:
+        host = "127.0.0.1"
+    return security, protocol, host
 
 
 def resolve_devices(devices=None, simulate=None):

@@ -259,7 +259,9 @@ def test_security_true_makes_temporary_credentials(monkeypatch):
 @pytest.mark.gpu
 def test_real_cluster_pins_one_worker_per_gpu():
     devices, _ = visible_devices()
-    with dg.LocalGPUCluster(dashboard_address=":0") as cluster, Client(cluster) as client:
+    # simulate=False: the module's simulated cluster has daskgpu.simulate on here.
+    with dg.LocalGPUCluster(simulate=False, dashboard_address=":0") as cluster, \
+            Client(cluster) as client:
         assert cluster.devices == devices and cluster.simulated is False
         assert _config.simulating() is False
         names = {addr: w["name"] for addr, w in client.scheduler_info()["workers"].items()}
