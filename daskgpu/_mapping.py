@@ -18,7 +18,8 @@ from numbers import Integral, Number
 import numpy as np
 
 from daskgpu import _config
-from daskgpu._launch import PTXKernel
+from daskgpu._argspec import Zeroed
+from daskgpu._launch import PTXKernel, _unwrap
 
 __all__ = ["Out", "map_kernel", "offset"]
 
@@ -249,7 +250,12 @@ class _ChunkLaunch:
                 elif a == "F" and not v.flags.f_contiguous:
                     v = xp.asfortranarray(v)
             elif kind == OUT:
-                v = xp.zeros(v.shape, dtype=a, order="F" if b == "F" else "C")
+                order = "F" if b == "F" else "C"
+                if xp is not np:
+                    v = xp.zeros(v.shape, dtype=a, order=order)
+                else:
+                    # Zero-filled on the GPU by the launch, not copied there.
+                    v = Zeroed(np.empty(v.shape, dtype=a, order=order))
             elif kind == WHOLE and a:
                 v = v.copy()
             args.append(v)
@@ -267,7 +273,7 @@ class _ChunkLaunch:
                         + (f", offset {tuple(int(o) for o in offsets)}" if offsets else "")
                     )
                 raise
-        results = tuple(args[i] for i in self.returns)
+        results = tuple(_unwrap(args[i]) for i in self.returns)
         return results[0] if len(results) == 1 else results
 
 
