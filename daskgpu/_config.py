@@ -14,6 +14,7 @@ import functools
 import os
 import sys
 
+_MISSING = object()
 _FN = os.path.join(os.path.dirname(__file__), "daskgpu.yaml")
 
 
@@ -37,7 +38,13 @@ def _dask_config():
 def get(key: str, default=None):
     """Read ``daskgpu.<key>``: from dask.config where dask is loaded, else env and defaults."""
     if "dask" in sys.modules:
-        return _dask_config().get(f"daskgpu.{key}", default=default)
+        config = _dask_config()
+        # A plain dict read first: launches consult settings on the hot path,
+        # and dask.config.get re-parses its key on every call.
+        value = config.config.get("daskgpu", {}).get(key, _MISSING)
+        if value is not _MISSING:
+            return value
+        return config.get(f"daskgpu.{key}", default=default)
     env = os.environ.get("DASK_DASKGPU__" + key.upper().replace("-", "_"))
     if env is not None:
         try:
