@@ -9,8 +9,8 @@ each worker links the PTX for its own GPU and caches the result.
 need it.
 """
 
-import importlib
-import sys
+import importlib as _importlib
+import sys as _sys
 
 from daskgpu import _config
 from daskgpu._errors import (
@@ -28,7 +28,7 @@ from daskgpu._launch import Launch, LaunchConfig, PTXKernel
 
 __version__ = "0.1.0"
 
-if "dask" in sys.modules:  # else registered on first use, keeping bare workers light
+if "dask" in _sys.modules:  # else registered on first use, keeping bare workers light
     _config.register()
 
 # Public names served lazily from their modules (PEP 562), so that importing the
@@ -52,7 +52,7 @@ def __getattr__(name):
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'daskgpu' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
+    value = getattr(_importlib.import_module(module), name)
     globals()[name] = value
     return value
 

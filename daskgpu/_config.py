@@ -42,9 +42,12 @@ def get(key: str, default=None):
         # A plain dict read first: launches consult settings on the hot path,
         # and dask.config.get re-parses its key on every call.
         value = config.config.get("daskgpu", {}).get(key, _MISSING)
+        if value is _MISSING:
+            value = config.get(f"daskgpu.{key}", default=_MISSING)
         if value is not _MISSING:
             return value
-        return config.get(f"daskgpu.{key}", default=default)
+        # Defaults registered inside a dask.config.set block leave with it.
+        return defaults()["daskgpu"].get(key, default)
     env = os.environ.get("DASK_DASKGPU__" + key.upper().replace("-", "_"))
     if env is not None:
         try:

@@ -36,9 +36,6 @@ def test_all_is_in_dir():
     assert set(daskgpu.__all__) <= set(dir(daskgpu))
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "daskgpu/__init__.py imports importlib and sys under public names; "
-    "import them as _importlib/_sys"))
 def test_public_names_in_dir_are_all():
     public = {n for n in dir(daskgpu) if not n.startswith("_")}
     assert public == set(daskgpu.__all__) - {"__version__"}
@@ -105,10 +102,6 @@ def test_config_defaults():
     assert daskgpu._config.simulating() is False
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "_config bug: with daskgpu imported before dask, the first daskgpu setting read "
-    "inside dask.config.set registers the defaults within it, and leaving it drops "
-    "the whole daskgpu section (target-cc becomes None, dg.jit fails)"))
 def test_config_set_keeps_the_defaults():
     out = run_python("""
         import daskgpu as dg

@@ -81,11 +81,13 @@ class DiskCache:
         return os.path.join(self.directory, f"{key}.cubin")
 
     def load(self, image_hash, cc, versions) -> bytes | None:
+        """The stored cubin, or None when missing or not an ELF file (then relink)."""
         try:
             with open(self.path(image_hash, cc, versions), "rb") as f:
-                return f.read()
+                data = f.read()
         except OSError:
             return None
+        return data if data.startswith(b"\x7fELF") else None
 
     def store(self, image_hash, cc, versions, cubin: bytes) -> None:
         os.makedirs(self.directory, exist_ok=True)

@@ -76,10 +76,14 @@ def linked(image, state) -> LinkedKernel:
         cache_dir = _config.get("cache-dir")
         disk = DiskCache(cache_dir) if cache_dir else None
         cubin = disk.load(image.hash, state.cc, versions) if disk else None
-        if cubin is None:
-            cubin = link_cubin(image, state.cc)
-            if disk:
-                disk.store(image.hash, state.cc, versions, cubin)
+        if cubin is not None:
+            try:
+                return LinkedKernel(image, state, cubin)
+            except Exception:  # a damaged cache file: link afresh and replace it
+                pass
+        cubin = link_cubin(image, state.cc)
+        if disk:
+            disk.store(image.hash, state.cc, versions, cubin)
         return LinkedKernel(image, state, cubin)
 
     return module_cache.get(key, build)

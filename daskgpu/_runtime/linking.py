@@ -43,10 +43,12 @@ def max_ptx_isa(cuda_version: tuple) -> tuple:
 def check_ptx_version(ptx: str, name: str) -> None:
     """Refuse PTX newer than the linker in use can read, naming both versions."""
     isa = ptx_isa_version(ptx)
-    drv = driver_version()
     njl = nvjitlink_version()
-    # nvJitLink compiles the PTX itself, so only its version matters; without it
-    # the driver's own JIT does.
+    # nvJitLink compiles the PTX itself, so only its version matters (and no
+    # driver is needed to ask it); without it the driver's own JIT does.
+    if njl and isa <= max_ptx_isa(njl):
+        return
+    drv = driver_version()
     linker_version, linker = (njl, "nvJitLink") if njl else (drv, "the CUDA driver")
     if isa <= max_ptx_isa(linker_version):
         return
@@ -92,9 +94,11 @@ def link_cubin(image, cc: tuple) -> bytes:
                 log = linker.get_error_log()
             except Exception:
                 pass
+        message = str(exc).replace("\x00", "").rstrip()
+        log = log.replace("\x00", "").strip()
         raise LinkError(
-            f"linking kernel {image.name!r} for sm_{cc[0]}{cc[1]} failed: {exc}"
-            + (f"\nlinker log:\n{log}" if log else "")
+            f"linking kernel {image.name!r} for sm_{cc[0]}{cc[1]} failed: {message}"
+            + (f"\nlinker log:\n{log}" if log and log not in message else "")
         ) from exc
     finally:
         if linker is not None:

@@ -105,6 +105,7 @@ def test_build_runs_once_per_key_under_threads():
 
 # -- DiskCache -----------------------------------------------------------------------------------
 
+ELF = b"\x7fELF"  # DiskCache.load serves only ELF files
 VERSIONS = ((12, 9), (12, 9))
 
 
@@ -116,8 +117,8 @@ def test_store_load_round_trip(tmp_path):
     assert cache.load("abc", (9, 0), VERSIONS) == blob
     # Another cache object on the same directory (another worker process) finds it.
     assert DiskCache(str(tmp_path / "cubins")).load("abc", (9, 0), VERSIONS) == blob
-    cache.store("abc", (9, 0), VERSIONS, b"replaced")
-    assert cache.load("abc", (9, 0), VERSIONS) == b"replaced"
+    cache.store("abc", (9, 0), VERSIONS, ELF + b"replaced")
+    assert cache.load("abc", (9, 0), VERSIONS) == ELF + b"replaced"
 
 
 def test_key_includes_hash_cc_and_versions(tmp_path):
@@ -146,6 +147,13 @@ def test_directory_is_made_and_user_expanded(tmp_path, monkeypatch):
     assert (tmp_path / "deep" / "cubins").is_dir()
 
 
+def test_what_is_not_a_cubin_loads_as_a_miss(tmp_path):
+    cache = DiskCache(str(tmp_path))
+    for junk in (b"", b"truncated", b"\x00" * 64):
+        cache.store("h", (9, 0), VERSIONS, junk)
+        assert cache.load("h", (9, 0), VERSIONS) is None
+
+
 def test_store_leaves_no_temporary_files(tmp_path):
     cache = DiskCache(str(tmp_path))
     for i in range(5):
@@ -155,18 +163,18 @@ def test_store_leaves_no_temporary_files(tmp_path):
 
 def test_failed_store_keeps_the_old_file_and_no_temporary(tmp_path):
     cache = DiskCache(str(tmp_path))
-    cache.store("h", (9, 0), VERSIONS, b"good")
+    cache.store("h", (9, 0), VERSIONS, ELF + b"good")
 
     # write() raises after the temporary file was made (as a full disk would).
     with pytest.raises(TypeError):
         cache.store("h", (9, 0), VERSIONS, object())
-    assert cache.load("h", (9, 0), VERSIONS) == b"good"
+    assert cache.load("h", (9, 0), VERSIONS) == ELF + b"good"
     assert [p.name for p in tmp_path.iterdir()] == [os.path.basename(cache.path("h", (9, 0), VERSIONS))]
 
 
 def test_readers_never_see_half_a_cubin(tmp_path):
     cache = DiskCache(str(tmp_path))
-    blobs = [bytes([n]) * (1 << 20) for n in range(1, 5)]
+    blobs = [ELF + bytes([n]) * (1 << 20) for n in range(1, 5)]
     stop = threading.Event()
     seen = set()
     bad = []
@@ -183,7 +191,7 @@ def test_readers_never_see_half_a_cubin(tmp_path):
             if data not in blobs:
                 bad.append(len(data))
             else:
-                seen.add(data[0])
+                seen.add(data[4])
 
     threads = [threading.Thread(target=writer, args=(b,)) for b in blobs]
     threads += [threading.Thread(target=reader) for _ in range(2)]
