@@ -123,6 +123,30 @@ def _compile_cu(source: bytes, name: str, cc: tuple, options) -> bytes:
         nvrtc.nvrtcDestroyProgram(prog)
 
 
+# Numba mangles into every symbol an ABI tag "v<n>" with n from a per-process
+# counter of compiled functions, so the same kernel compiled in another order
+# (or process) would get other symbols and another image hash.
+_COUNTER_TAG = re.compile(r"B(\d+)v(\d+)(?=B\d)")
+_SYMBOL = re.compile(r"_Z\w+")
+
+
+def stable_symbols(ptx_texts, entry):
+    """Renumber Numba's counter tags in order of first appearance; same code, same text."""
+    numbers: dict = {}
+
+    def tag(m):
+        if int(m.group(1)) != 1 + len(m.group(2)):
+            return m.group(0)  # not a counter tag, only looks like one
+        n = numbers.setdefault(m.group(2), str(len(numbers)))
+        return f"B{1 + len(n)}v{n}"
+
+    def symbol(m):
+        return _COUNTER_TAG.sub(tag, m.group(0))
+
+    texts = [_SYMBOL.sub(symbol, text) for text in ptx_texts]
+    return texts, _SYMBOL.sub(symbol, entry)
+
+
 def _versions(ptx: str) -> tuple:
     import numba_cuda
 
@@ -166,8 +190,10 @@ def compile_image(py_func, argtypes, options: CompileOptions) -> KernelImage:
             fn = lib.get_function(cres.fndesc.llvm_func_name)
             lib._entry_name = cres.fndesc.llvm_func_name
             kernel_fixup(fn, options.debug)
-            entry = fn.name
-            ptx = tuple((cc, lib.get_asm_str(cc=cc)) for cc in options.targets)
+            texts, entry = stable_symbols(
+                [lib.get_asm_str(cc=cc) for cc in options.targets], fn.name
+            )
+            ptx = tuple(zip(options.targets, texts))
             implicit_links = tuple(
                 p for p in getattr(lib, "_linking_files", ()) if isinstance(p, str)
             )

@@ -155,3 +155,38 @@ def test_several_link_files_keep_their_order(tmp_path):
     image = compile_image(double, ARGS, CompileOptions(link=tuple(paths)))
     assert [x.name for x in image.links] == ["b.ptx", "a.o", "c.a"]
     assert [x.data for x in image.links] == [b"b.ptx", b"a.o", b"c.a"]
+
+
+STABLE_SRC = '''
+import daskgpu as dg
+from numba import cuda
+
+@cuda.jit(device=True)
+def put(a, i):
+    a[i] = 1
+
+def fill(x):
+    put(x, 0)
+
+def other(x):
+    x[0] = 2
+'''
+
+
+def test_image_hash_does_not_depend_on_compile_order(tmp_path):
+    # Numba numbers functions per process; the symbols daskgpu ships must not.
+    import subprocess
+    import sys
+
+    (tmp_path / "stable_mod.py").write_text(STABLE_SRC)
+    script = (
+        "import sys; sys.path.insert(0, {path!r}); import stable_mod as m, daskgpu as dg\n"
+        "{warm}"
+        "print(dg.jit('void(float32[::1])')(m.fill).images[0].hash)\n"
+    )
+    hashes = set()
+    for warm in ("", "dg.jit('void(float32[::1])')(m.other); dg.jit('void(int64[::1])')(m.fill)\n"):
+        out = subprocess.run([sys.executable, "-c", script.format(path=str(tmp_path), warm=warm)],
+                             capture_output=True, text=True, check=True)
+        hashes.add(out.stdout.strip())
+    assert len(hashes) == 1
