@@ -112,10 +112,12 @@ def save(kernel, path) -> str:
         "daskgpu": _daskgpu_version(),
         "images": [_encode_image(im) for im in images],
     }
+    path = os.fspath(path)
+    for i, encoded in enumerate(content["images"]):  # never write what load refuses
+        _decode_image(encoded, i, path)
     digest = _digest(content)
     document = dict(content, sha256=digest)
     text = json.dumps(document, sort_keys=True, indent=1, ensure_ascii=False)
-    path = os.fspath(path)
     # A sibling temporary file, created with the usual permissions, then renamed.
     tmp = f"{path}.{os.getpid()}-{secrets.token_hex(4)}.tmp"
     try:
@@ -166,9 +168,16 @@ def _encode_image(image: KernelImage) -> dict:
             {"name": name, "kind": kind, "data": base64.b64encode(data).decode("ascii")}
             for name, kind, data in fields["links"]
         ],
-        "options": [list(kv) for kv in fields["options"]],
+        "options": [[k, _normalize_option(k, v)] for k, v in fields["options"]],
         "versions": [list(kv) for kv in fields["versions"]],
     }
+
+
+def _normalize_option(key, value):
+    # Numba's dispatcher options spell flags as 0/1; a bundle stores booleans.
+    if _OPTION_TYPES.get(key) == (bool,) and type(value) is int and value in (0, 1):
+        return bool(value)
+    return value
 
 
 def _digest(content: dict) -> str:

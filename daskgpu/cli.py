@@ -153,8 +153,11 @@ def main(argv=None) -> int:
     except UsageError as exc:
         print(f"daskgpu {ns.command}: error: {exc}", file=sys.stderr)
         return 2
-    except BrokenPipeError:  # output piped into e.g. `head`
-        sys.stdout = open(os.devnull, "w")
+    except BrokenPipeError:  # output piped into e.g. `head`: stop quietly
+        try:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        except (OSError, ValueError):
+            pass
         return 0
     except (DaskGPUError, OSError) as exc:
         print(f"daskgpu {ns.command}: error: {exc}", file=sys.stderr)

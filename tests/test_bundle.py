@@ -318,3 +318,12 @@ def test_file_is_readable_json_with_the_documented_layout(bundle):
     assert set(doc["images"][0]) == {"name", "entry", "ptx", "args", "writes", "grid_ndim",
                                      "links", "options", "versions"}
     assert os.path.getsize(bundle) == read(bundle)[1].size
+
+
+def test_numba_dispatcher_options_are_stored_as_booleans(tmp_path):
+    # Numba spells debug/lineinfo as 0/1; the bundle stores strict booleans.
+    k = dg.kernel(cuda.jit(_store_one), ["void(int32[::1])"])
+    path = tmp_path / "from_numba.dgk"
+    dg.save(k, path)
+    options = dict(dg.load(path).images[0].options)
+    assert all(type(options[key]) is bool for key in ("debug", "lineinfo", "fastmath"))
