@@ -198,6 +198,31 @@ def _contiguous(shape, strides, itemsize, order) -> bool:
     return True
 
 
+def mismatch(spec: ArgSpec, value) -> str | None:
+    """Why ``value`` does not fit ``spec``, in words, or None when it fits."""
+    info = array_info(value)
+    if spec.matches(info, value):
+        return None
+    if spec.is_array:
+        if info is None:
+            return f"expects an array {spec}, got {describe(value)}"
+        dtype, shape, strides, _ = info
+        if dtype != spec.np_dtype:
+            return f"expects dtype {spec.dtype}, got {dtype.name}; convert with .astype({spec.dtype!r})"
+        if len(shape) != spec.ndim:
+            return f"expects a {spec.ndim}-D array, got {len(shape)}-D of shape {tuple(shape)}"
+        fix = "np.ascontiguousarray(a)" if spec.layout == "C" else "np.asfortranarray(a)"
+        return (f"expects a {spec.layout}-contiguous array, got a "
+                f"{layout_of(shape, strides, dtype.itemsize)}-layout one; pass {fix}")
+    if info is not None:
+        return f"expects a scalar {spec.dtype}, got an array"
+    dtype = spec.np_dtype
+    if dtype.kind in "iu" and isinstance(value, (int, np.integer)) and not isinstance(value, bool):
+        info_ = np.iinfo(dtype)
+        return f"value {value} overflows {spec.dtype} (range {info_.min}..{info_.max})"
+    return f"expects {spec.dtype}, got {describe(value)} {value!r}"
+
+
 def _scalar_fits(value, dtype: np.dtype) -> bool:
     if isinstance(value, (bool, np.bool_)):
         return dtype.kind == "b"

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import operator
 
-from daskgpu._argspec import Zeroed, array_info, describe, signature_str
+from daskgpu._argspec import Zeroed, array_info, describe, mismatch, signature_str
 from daskgpu._errors import LaunchConfigError, PicklingError
 
 
@@ -239,7 +239,9 @@ def select_image(name, images, args, infos=None):
         ):
             return image
     received = "(" + ", ".join(describe(a) for a in args) + ")"
-    shipped = "\n  ".join(signature_str(im.args) for im in images) or "(none)"
+    shipped = "\n  ".join(
+        signature_str(im.args) + _why_not(im, args) for im in images
+    ) or "(none)"
     raise TypeError(
         f"no compiled signature of kernel {name!r} matches the arguments {received}.\n"
         f"Compiled signatures:\n  {shipped}\n"
@@ -247,6 +249,16 @@ def select_image(name, images, args, infos=None):
         "or compile the signature on the client first: kernel.compile(sig) or "
         "kernel.specialize(*args)."
     )
+
+
+def _why_not(image, args) -> str:
+    if len(image.args) != len(args):
+        return f": takes {len(image.args)} arguments, got {len(args)}"
+    for i, (spec, a) in enumerate(zip(image.args, args)):
+        reason = mismatch(spec, a)
+        if reason:
+            return f": argument {i} {reason}"
+    return ""
 
 
 class PTXKernel(LaunchAPI):

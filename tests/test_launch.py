@@ -264,9 +264,31 @@ def test_no_matching_signature_lists_signatures_and_received_types():
     msg = str(info.value)
     assert "no compiled signature of kernel 'saxpy_py' matches the arguments " \
            "(int32[::1] (host), float, float32[::1] (host), float32[:, ::1] (host))" in msg
-    assert "  (float32[::1], float32, float32[::1], float32[::1])\n" in msg
-    assert "  (float64[:], float64, float64[:], float64[:])\n" in msg
+    # Each signature is listed with the first argument that does not fit it, and why.
+    assert "  (float32[::1], float32, float32[::1], float32[::1]): argument 0 expects " \
+           "dtype float32, got int32; convert with .astype('float32')\n" in msg
+    assert "  (float64[:], float64, float64[:], float64[:]): argument 0 expects dtype " \
+           "float64, got int32" in msg
     assert "kernel.specialize(*args)" in msg
+
+
+@pytest.mark.parametrize("args, reason", [
+    ((np.zeros((2, 2), np.float32, order="F"), 1),
+     "argument 0 expects a C-contiguous array, got a F-layout one; pass np.ascontiguousarray(a)"),
+    ((np.zeros((2, 2), np.float32), 300), "argument 1 value 300 overflows int8 (range -128..127)"),
+    ((np.zeros(3, np.float32), 1), "argument 0 expects a 2-D array, got 1-D of shape (3,)"),
+    ((np.zeros((2, 2), np.float32), 1.5), "argument 1 expects int8, got float 1.5"),
+    ((np.zeros((2, 2), np.float32),), "takes 2 arguments, got 1"),
+])
+def test_no_match_says_which_argument_and_why(args, reason):
+    k = dg.jit("void(float32[:, ::1], int8)")(_store_first)
+    with pytest.raises(TypeError) as info:
+        k.ptx_kernel()._select(args)
+    assert f"(float32[:, ::1], int8): {reason}" in str(info.value)
+
+
+def _store_first(a, b):
+    a[0, 0] = b
 
 
 def test_strided_array_does_not_match_a_contiguous_signature():
