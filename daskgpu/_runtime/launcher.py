@@ -11,7 +11,8 @@ from cuda.core import ObjectCode
 from daskgpu import _config
 from daskgpu._argspec import Zeroed
 from daskgpu._runtime import device as _device
-from daskgpu._runtime._cuda import check, driver_version, nvjitlink_version
+from daskgpu._runtime._cuda import CUDAError, check, driver_version, nvjitlink_version
+from daskgpu._runtime.faults import replace_worker_process
 from daskgpu._runtime.cache import DiskCache, ModuleCache
 from daskgpu._runtime.linking import link_cubin
 from daskgpu._runtime.marshal import ParamLayout, flatten
@@ -247,6 +248,11 @@ def run(image, config, args, infos):
         )
         if staging is not None:
             staging.finish()
+    except CUDAError as exc:
+        if exc.sticky:
+            staging = None  # the context is gone: nothing can be freed any more
+            replace_worker_process(exc)
+        raise
     finally:
         if staging is not None:
             staging.free()
