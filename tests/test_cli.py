@@ -406,3 +406,37 @@ def test_inspect_refuses_a_tampered_bundle(saved, capsys):
     path.write_text(path.read_text().replace("float32", "float64", 1))
     assert main(["inspect", str(path)]) == 1
     assert "corrupt or tampered" in capsys.readouterr().err
+
+
+@pytest.mark.gpu
+def test_worker_on_a_real_gpu_runs_a_loaded_bundle(tmp_path):
+    import numpy as np
+    from distributed import Client, Scheduler
+
+    k = dg.jit("void(float32[::1], float32)")(_fill)
+    path = tmp_path / "fill.dgk"
+    dg.save(k, path)
+    loaded = dg.load(path)
+
+    async def scenario():
+        async with Scheduler(port=0, dashboard_address=":0") as s:
+            specs = worker_specs(s.address, dashboard_address=":0")  # every local GPU
+            stop = asyncio.Event()
+            running = asyncio.create_task(cli.run_workers(specs, stop))
+            try:
+                async with Client(s.address, asynchronous=True) as c:
+                    await asyncio.wait_for(c.wait_for_workers(len(specs)), 120)
+                    info = await c.run(dg.device_info)
+                    out = await c.submit(loaded.forall(1000), np.zeros(1000, np.float32),
+                                         np.float32(3), resources={"GPU": 1})
+            finally:
+                stop.set()
+                await asyncio.wait_for(running, 60)
+            return specs, info, out
+
+    specs, info, out = asyncio.run(scenario())
+    assert len(info) == len(specs)
+    assert all(not i["simulated"] and i["device_id"] == 0 for i in info.values())
+    assert sorted(i["cuda_visible_devices"] for i in info.values()) == \
+        sorted(s["env"]["CUDA_VISIBLE_DEVICES"] for s in specs)
+    assert np.array_equal(out, np.full(1000, 3, np.float32))
