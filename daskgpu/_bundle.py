@@ -118,6 +118,10 @@ def save(kernel, path) -> str:
     digest = _digest(content)
     document = dict(content, sha256=digest)
     text = json.dumps(document, sort_keys=True, indent=1, ensure_ascii=False)
+    directory = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(directory):
+        raise FileNotFoundError(f"cannot write the bundle {path!r}: the directory "
+                                f"{directory!r} does not exist")
     # A sibling temporary file, created with the usual permissions, then renamed.
     tmp = f"{path}.{os.getpid()}-{secrets.token_hex(4)}.tmp"
     try:

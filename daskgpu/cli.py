@@ -356,7 +356,8 @@ def worker_specs(scheduler=None, *, scheduler_file=None, devices=None, nthreads=
         Extra resources; ``GPU`` defaults to 1.
     name, memory_limit, local_directory, death_timeout, dashboard_address
         As ``distributed.Nanny`` takes them; ``name`` gets ``-<device>`` with
-        several devices.
+        several devices, and ``memory_limit="auto"`` splits the host's memory
+        evenly between the GPU workers.
 
     Returns
     -------
@@ -382,6 +383,13 @@ def worker_specs(scheduler=None, *, scheduler_file=None, devices=None, nthreads=
     if scheduler is not None and scheduler_file is not None:
         raise UsageError("give either a scheduler address or a scheduler file, not both")
     devices = list(devices) if devices else local_devices()
+    if memory_limit == "auto":
+        # Host memory split between this machine's GPU workers, as dask-cuda does;
+        # distributed's own "auto" would give each single-threaded worker one
+        # core's share.
+        from distributed.system import MEMORY_LIMIT
+
+        memory_limit = MEMORY_LIMIT // len(devices)
     from daskgpu._plugin import GPUWorkerPlugin
 
     specs = []

@@ -157,6 +157,19 @@ def test_worker_specs_pin_one_gpu_each():
     assert specs[0]["plugins"] is not specs[1]["plugins"]
 
 
+def test_worker_memory_is_split_between_the_gpus():
+    from distributed.system import MEMORY_LIMIT
+
+    specs = worker_specs("tcp://s:8786", devices=["0", "1", "2", "3"])
+    assert [s["memory_limit"] for s in specs] == [MEMORY_LIMIT // 4] * 4
+
+
+def test_compile_into_a_missing_directory_is_an_error(kernels_py, capsys):
+    assert main(["compile", "cli_kernels_mod:jitted", "-o", "nodir/j.dgk"]) == 1
+    err = capsys.readouterr().err
+    assert "cannot write the bundle 'nodir/j.dgk'" in err and "does not exist" in err
+
+
 def test_worker_specs_single_device_keeps_the_name():
     (spec,) = worker_specs(scheduler_file="/shared/s.json", devices=["3"], name="w")
     assert spec["name"] == "w" and spec["scheduler_file"] == "/shared/s.json"

@@ -9,7 +9,6 @@ import shlex
 import subprocess
 import sys
 import textwrap
-import tomllib
 
 import pytest
 import yaml
@@ -157,6 +156,7 @@ def test_worker_image_has_the_worker_half_and_no_numba(dockerfile):
     assert "numba" not in re.sub(r"find_spec\('numba'\)|sys\.modules\['numba'\]|numba leaked",
                                  "", worker)
     # Every runtime dependency of the package, except the compiler's, is installed.
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
     deps = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
     names = {re.match(r"[A-Za-z0-9_.-]+", d).group(0).lower() for d in deps}
     compiler = {"numba", "numba-cuda", "llvmlite"}
