@@ -63,7 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
     >>> build_parser().parse_args(["worker", "--nthreads", "zero"])
     Traceback (most recent call last):
     ...
-    daskgpu.cli.UsageError: argument --nthreads: invalid _positive_int value: 'zero'
+    daskgpu.cli.UsageError: argument --nthreads: expected a positive integer, got 'zero'
     """
     parser = _RootParser(prog="daskgpu", description="Run Numba CUDA kernels on Dask GPU clusters.")
     from daskgpu import __version__
@@ -168,9 +168,12 @@ def main(argv=None) -> int:
 
 # -- argument types ------------------------------------------------------------
 def _positive_int(text) -> int:
-    value = int(text)
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
     if value < 1:
-        raise ValueError(text)
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
     return value
 
 
