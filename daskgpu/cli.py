@@ -466,9 +466,7 @@ def _cmd_demo(ns) -> int:
     argv = [] if ns.size is None else ["--size", str(ns.size)]
     if ns.simulate is not None:
         argv.append("--simulate" if ns.simulate else "--no-simulate")
-    from daskgpu import _demo
-
-    return _demo.main(argv) or 0
+    return importlib.import_module("daskgpu._demo").main(argv) or 0
 
 
 def _cmd_passthrough(ns) -> int:
