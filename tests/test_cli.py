@@ -246,6 +246,7 @@ def _fake_module(monkeypatch, name, rc=0):
     mod = types.ModuleType(name)
     mod.main = lambda argv: calls.append(argv) or rc
     monkeypatch.setitem(sys.modules, name, mod)
+    monkeypatch.setattr(dg, name.rpartition(".")[2], mod, raising=False)
     return calls
 
 
