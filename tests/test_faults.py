@@ -22,10 +22,10 @@ def test_worker_killed_mid_job_result_is_complete():
     import dask.array as da
     from distributed import Client
 
-    xn = np.arange(4000, dtype=np.float32)
+    xn = np.arange(24000, dtype=np.float32)
     with dg.LocalGPUCluster(simulate=True, dashboard_address=None) as cluster, \
             Client(cluster) as client:
-        x = da.from_array(xn, chunks=100)  # 40 chunks, each ~0.1 s simulated
+        x = da.from_array(xn, chunks=1000)  # 24 chunks, each ~0.15 s simulated
         out = dg.map_kernel(slow_double, dg.Out(np.float32, like=x), x, dg.offset)
         future = client.compute(out)
 
@@ -39,8 +39,11 @@ def test_worker_killed_mid_job_result_is_complete():
                 if busy:
                     # The nanny sees its worker process die and starts another;
                     # the scheduler reruns what was lost.
-                    client.run(lambda: __import__("os")._exit(1), workers=[busy[0]],
-                               wait=False)
+                    client.run(
+                        lambda: __import__("threading").Timer(
+                            0.05, __import__("os")._exit, (1,)).start(),
+                        workers=[busy[0]],
+                    )
                     killed.append(busy[0])
                     return
                 time.sleep(0.05)
