@@ -40,8 +40,14 @@ def test_ten_thousand_launches_and_two_thousand_tasks():
 
     with dg.LocalGPUCluster(simulate=False, dashboard_address=None) as cluster, \
             Client(cluster) as client:
+        def used_on_worker():  # nested, so it is pickled by value for the workers
+            from cuda.bindings import driver
+
+            free, total = driver.cuMemGetInfo()[1:]
+            return total - free
+
         def worker_memory():
-            return client.run(_device_used)
+            return client.run(used_on_worker)
 
         client.submit(launch, np.empty_like(x), x, x).result()
         start = worker_memory()
