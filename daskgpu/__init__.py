@@ -58,7 +58,9 @@ def __getattr__(name):
 
 
 def __dir__():
-    return sorted(set(globals()) | set(_LAZY))
+    # Submodules (daskgpu.cli, once imported) are not part of the API.
+    names = {n for n, v in globals().items() if not isinstance(v, type(_sys))}
+    return sorted(names | set(_LAZY))
 
 
 __all__ = [

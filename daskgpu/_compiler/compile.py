@@ -42,6 +42,9 @@ class CompileOptions:
     link: tuple = ()
 
     def __post_init__(self):
+        # Numba dispatchers carry their flags as 0/1: one spelling, one image hash.
+        for flag in ("fastmath", "debug", "lineinfo", "opt"):
+            object.__setattr__(self, flag, bool(getattr(self, flag)))
         if not self.targets:
             from daskgpu import _config
 
