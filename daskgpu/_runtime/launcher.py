@@ -96,21 +96,34 @@ def launch_dims(config, kernel: LinkedKernel):
         return config.griddim, config.blockdim
     ntasks = config.ntasks if isinstance(config.ntasks, tuple) else (config.ntasks,)
     size = config.tpb or kernel.block_size(config.sharedmem)
-    block = _block_shape(size, len(ntasks))
+    block = block_shape(size, ntasks)
     grid = tuple(max(1, -(-n // b)) for n, b in zip(ntasks, block))
     return _pad3(grid), _pad3(block)
 
 
-def _block_shape(size: int, ndim: int) -> tuple:
-    # Keep a warp along x, which is the fastest-varying axis of cuda.grid(n).
-    if ndim == 1:
+def block_shape(size: int, ntasks: tuple) -> tuple:
+    """A block of at most ``size`` threads for an N-D forall over ``ntasks``.
+
+    Kernels index ``a[i, j]`` with ``i, j = cuda.grid(2)``, so the last axis is
+    the contiguous one of a C-ordered chunk. A warp is 32 consecutive threads
+    in x-fastest order; blocks one thread wide in x (and y, for 3-D) make each
+    warp run along the last axis, where its loads coalesce.
+    """
+    if len(ntasks) == 1:
         return (size,)
-    x = min(32, size)
-    rest = size // x
-    if ndim == 2:
-        return (x, rest)
-    y = max(1, min(rest, 8))
-    return (x, y, max(1, rest // y))
+    inner_limit = 1024 if len(ntasks) == 2 else 64  # the device's block y / z limits
+    last = _pow2_at_least(ntasks[-1])
+    if last >= 32:  # a whole warp fits along the last axis: give it all of x (and y)
+        return (1,) * (len(ntasks) - 1) + (min(size, inner_limit, last),)
+    rest = max(1, size // last)
+    if len(ntasks) == 2:
+        return (rest, last)
+    middle = min(rest, _pow2_at_least(ntasks[1]))
+    return (max(1, rest // middle), middle, last)
+
+
+def _pow2_at_least(n: int) -> int:
+    return 1 << max(0, int(n) - 1).bit_length()
 
 
 def _pad3(dims):
