@@ -293,8 +293,40 @@ def bench_map_device(size_bytes: int = 1 << 30, chunk_bytes: int = 64 << 20) -> 
     ours(), baseline()
     dg_t = [t / nchunks for t in _timed(ours)]
     nb_t = [t / nchunks for t in _timed(baseline)]
-    return _ratio(f"map_kernel per chunk, CuPy chunks of {chunk_bytes >> 20} MiB", dg_t, nb_t,
-                  "ms", "da.map_blocks + Numba kernel per chunk", goal=1.0, scale=1e3)
+    launch_only = _Cluster.get().submit(device_chunk_seconds, chunk_bytes, pure=False).result()
+    return [
+        _ratio(f"map_kernel per chunk, CuPy chunks of {chunk_bytes >> 20} MiB", dg_t, nb_t,
+               "ms", "da.map_blocks + Numba kernel per chunk", goal=1.0, scale=1e3),
+        _ratio("  of which: allocate + launch on one CuPy chunk, no Dask", [launch_only[0]],
+               [launch_only[1]], "ms", "the same with a Numba dispatcher", scale=1e3),
+    ]
+
+
+def device_chunk_seconds(chunk_bytes: int, repeat: int = 20) -> tuple:
+    """Per-chunk seconds of output allocation + launch on CuPy arrays: daskgpu, Numba."""
+    import cupy as cp
+
+    from daskgpu import _bench_kernels as k
+
+    x = cp.ones(chunk_bytes // 4, cp.float32)
+    launch = k.saxpy.ptx_kernel().forall(x.size)
+
+    def ours():
+        launch(cp.zeros_like(x), np.float32(2.0), x, x)
+
+    def numba():
+        k.numba_saxpy[(x.size + 255) // 256, 256](cp.empty_like(x), np.float32(2.0), x, x)
+
+    out = []
+    for fn in (ours, numba):
+        fn()
+        cp.cuda.Device().synchronize()
+        t0 = time.perf_counter()
+        for _ in range(repeat):
+            fn()
+        cp.cuda.Device().synchronize()
+        out.append((time.perf_counter() - t0) / repeat)
+    return tuple(out)
 
 
 def bench_compute(size_bytes: int = 256 << 20, chunk_bytes: int = 32 << 20, iters: int = 2000) -> dict:
