@@ -11,7 +11,7 @@ from cuda.core import ObjectCode
 from daskgpu import _config
 from daskgpu._argspec import Zeroed
 from daskgpu._runtime import device as _device
-from daskgpu._runtime._cuda import CUDAError, check, driver_version, nvjitlink_version
+from daskgpu._runtime._cuda import _SUCCESS, CUDAError, check, driver_version, nvjitlink_version
 from daskgpu._runtime.faults import replace_worker_process
 from daskgpu._runtime.cache import DiskCache, ModuleCache
 from daskgpu._runtime.linking import link_cubin
@@ -253,12 +253,11 @@ def run(image, config, args, infos):
                 values += shape
                 values += strides
         params = kernel.layout.pack(values)
-        check(
-            driver.cuLaunchKernel(
-                kernel.handle, *griddim, *blockdim, config.sharedmem, stream, params, 0
-            ),
-            f"launching kernel {image.name!r}",
-        )
+        err = driver.cuLaunchKernel(
+            kernel.handle, *griddim, *blockdim, config.sharedmem, stream, params, 0
+        )[0]
+        if err != _SUCCESS:  # the message is only formatted when needed
+            raise CUDAError(err, f"launching kernel {image.name!r}")
         if staging is not None:
             staging.finish()
     except CUDAError as exc:
