@@ -45,6 +45,9 @@ _LAZY = {
     "device_info": "daskgpu._plugin",
     "save": "daskgpu._bundle",
     "load": "daskgpu._bundle",
+    "run_batch": "daskgpu._batch",
+    "BatchReport": "daskgpu._batch",
+    "BatchError": "daskgpu._batch",
 }
 
 
@@ -64,6 +67,8 @@ def __dir__():
 
 
 __all__ = [
+    "BatchError",
+    "BatchReport",
     "BundleError",
     "CompileError",
     "DaskGPUError",
@@ -87,5 +92,6 @@ __all__ = [
     "load",
     "map_kernel",
     "offset",
+    "run_batch",
     "save",
 ]
