@@ -53,7 +53,7 @@ def test_version_matches_the_package_metadata():
 
 
 def test_errors_derive_from_one_root():
-    errors = ["BundleError", "CompileError", "DeviceError", "LaunchConfigError", "LinkError",
+    errors = ["BatchError", "BundleError", "CompileError", "DeviceError", "LaunchConfigError", "LinkError",
               "PTXVersionError", "PicklingError"]
     for name in errors:
         assert issubclass(getattr(daskgpu, name), daskgpu.DaskGPUError)
