@@ -357,6 +357,43 @@ def bench_compute(size_bytes: int = 256 << 20, chunk_bytes: int = 32 << 20, iter
                   "the same kernel on the whole array in one process", goal=1.05)
 
 
+def bench_scaling(size_bytes: int = 512 << 20, chunk_bytes: int = 16 << 20,
+                  iters: int = 2000, devices=None) -> list:
+    """A compute-bound ``map_kernel`` on 1, 2, ... N GPUs, one cluster each.
+
+    Each row compares the time on n GPUs with the ideal, a nth of the time on
+    one; a ratio of at most 1/0.9 is a speed-up of at least 0.9 n.
+    """
+    import dask.array as da
+    from distributed import Client
+
+    import daskgpu as dg
+    from daskgpu import _bench_kernels as k
+    from daskgpu._cluster import resolve_devices
+
+    devices = list(devices or resolve_devices(None, simulate=False)[0])
+    n, c = size_bytes // 4, chunk_bytes // 4
+    rows, one_gpu = [], None
+    for count in range(1, len(devices) + 1):
+        with dg.LocalGPUCluster(devices=devices[:count], dashboard_address=None) as cluster, \
+                Client(cluster):
+            x = _wait_persisted(da.random.default_rng(2).random(n, dtype=np.float32, chunks=c))
+
+            def run():
+                return _wait_persisted(dg.map_kernel(
+                    k.compute, dg.Out(np.float32, like=x), x, np.int32(iters),
+                    name=_unique("scaling")))
+
+            run()
+            seconds = min(_timed(run))
+        one_gpu = one_gpu or seconds
+        rows.append(_ratio(
+            f"compute-bound map_kernel, {size_bytes >> 20} MiB, on {count} GPU(s)",
+            [seconds], [one_gpu / count], "s", f"1/{count} of the time on one GPU",
+            goal=round(1 / 0.9, 2)))
+    return rows
+
+
 SECTIONS = {
     "cold": bench_cold,
     "launch": bench_launch,
@@ -364,6 +401,7 @@ SECTIONS = {
     "map-host": bench_map_host,
     "map-device": bench_map_device,
     "compute": bench_compute,
+    "scaling": bench_scaling,
 }
 
 
