@@ -9,34 +9,28 @@ what job the chunks belong to. A rerun of the same job computes only the
 chunks without a marker, so an interrupted job loses no finished chunk. Failed
 chunks are retried, then reported; the others are still written. Workers need
 zarr and must see the paths of the inputs and outputs.
+
+The ledger is :mod:`daskgpu._ledger`; the ``daskgpu batch`` command line is
+:mod:`daskgpu._batch_cli`.
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
-import json
 import logging
 import operator
 import os
-import re
 import secrets
 import sys
 import time
 
 import numpy as np
 
+from daskgpu import _ledger
 from daskgpu._errors import DaskGPUError
+from daskgpu._ledger import LEDGER, done_chunks
 
-__all__ = ["BatchError", "BatchReport", "NpyFile", "done_chunks", "main", "run_batch"]
-
-#: The ledger directory inside each output zarr array.
-LEDGER = ".daskgpu-done"
-_JOB = "job.json"
-_MARKER_RE = re.compile(r"\d+(\.\d+)*")
-
-# Exit statuses of ``daskgpu batch``, besides 0 (complete) and 2 (usage).
-FAILED, INCOMPLETE, INTERRUPTED = 1, 3, 130
+__all__ = ["BatchError", "BatchReport", "NpyFile", "done_chunks", "run_batch"]
 
 
 class BatchError(DaskGPUError, ValueError):
@@ -188,46 +182,18 @@ def _zarr():
     return zarr
 
 
-# -- outputs and the ledger ---------------------------------------------------------
-def done_chunks(path, ndim=None) -> set:
-    """The chunks recorded as finished in the ledger of the output zarr array ``path``.
-
-    Examples
-    --------
-    >>> import tempfile
-    >>> done_chunks(tempfile.mkdtemp())
-    set()
-    """
-    try:
-        names = os.listdir(os.path.join(os.fspath(path), LEDGER))
-    except FileNotFoundError:
-        return set()
-    chunks = {tuple(int(p) for p in n.split(".")) for n in names if _MARKER_RE.fullmatch(n)}
-    return chunks if ndim is None else {c for c in chunks if len(c) == ndim}
-
-
-def _read_job(path):
-    try:
-        with open(os.path.join(path, LEDGER, _JOB), encoding="utf-8") as f:
-            return json.load(f)
-    except FileNotFoundError:
-        return None
-
-
 def _prepare_output(path, dtype, shape, chunksize, job, resume) -> set:
     """Create or reopen one output; return the chunks its ledger has."""
     zarr = _zarr()
-    ledger = os.path.join(path, LEDGER)
     if resume and os.path.exists(path):
-        previous = _read_job(path)
+        previous = _ledger.read_job(path)
         if previous is None:
             raise BatchError(
                 f"{path!r} exists but was not written by daskgpu batch (it has no "
-                f"{LEDGER}/{_JOB}); remove it, choose another output, or pass "
+                f"{LEDGER}/{_ledger.JOB}); remove it, choose another output, or pass "
                 "--no-resume (resume=False) to overwrite it")
         if previous != job:
-            differ = sorted(k for k in job.keys() | previous.keys()
-                            if job.get(k) != previous.get(k))
+            differ = _ledger.job_differences(job, previous)
             raise BatchError(
                 f"{path!r} holds chunks of another job (different {', '.join(differ)}), "
                 "so they cannot be resumed; pass --no-resume "
@@ -237,8 +203,7 @@ def _prepare_output(path, dtype, shape, chunksize, job, resume) -> set:
         raise BatchError(f"{path!r} exists and is not a zarr array; daskgpu batch does not "
                          "overwrite it: remove it or choose another output")
     zarr.open_array(path, mode="w", shape=shape, chunks=chunksize, dtype=dtype)
-    os.makedirs(ledger, exist_ok=True)
-    _atomic_write(os.path.join(ledger, _JOB), json.dumps(job, indent=1).encode())
+    _ledger.start(path, job)
     return set()
 
 
@@ -247,32 +212,6 @@ def _overwritable(path) -> bool:
         return False
     names = set(os.listdir(path))
     return not names or bool(names & {LEDGER, "zarr.json", ".zarray"})
-
-
-def _atomic_write(path, data: bytes = b"") -> None:
-    """Write ``path`` whole or not at all: a synced temporary file, renamed."""
-    folder, name = os.path.split(path)
-    tmp = os.path.join(folder, f".{name}.{os.getpid()}-{secrets.token_hex(4)}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-    try:
-        os.write(fd, data)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
-    _fsync(folder)  # the rename itself
-
-
-def _fsync(path) -> None:
-    """Flush a file or directory to disk, where the platform allows it."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:  # absent (zarr stores no chunk that is all fill value), or Windows
-        return
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class _ChunkWriter:
@@ -298,12 +237,10 @@ class _ChunkWriter:
             key = (meta.encode_chunk_key(block_id) if hasattr(meta, "encode_chunk_key")
                    else z._chunk_key(block_id))
             chunk_file = os.path.join(path, *key.split("/"))
-            _fsync(chunk_file)
-            _fsync(os.path.dirname(chunk_file))
+            _ledger.fsync(chunk_file)
+            _ledger.fsync(os.path.dirname(chunk_file))
         # Only now, with the data on disk in every output, is the chunk finished.
-        marker = ".".join(map(str, block_id))
-        for path in self.paths:
-            _atomic_write(os.path.join(path, LEDGER, marker))
+        _ledger.record(self.paths, block_id)
         return np.ones((1,) * len(block_id), np.bool_)
 
 
@@ -617,184 +554,3 @@ class _Progress:
         self.update(computed, failed, last=True)
         if self.enabled and self.tty:
             self.stream.write("\n")
-
-
-# -- command line -------------------------------------------------------------------
-def _output(text):
-    path, sep, dtype = text.rpartition(":")
-    if sep and path:
-        try:
-            return path, np.dtype(dtype)
-        except TypeError:
-            pass
-    return text
-
-
-def _scalar(text):
-    """``3`` (int), ``2.5`` (float), or typed as ``float32:2.5``."""
-    kind, sep, value = text.partition(":")
-    if sep:
-        try:
-            return np.dtype(kind).type(value)
-        except (TypeError, ValueError) as exc:
-            raise argparse.ArgumentTypeError(f"cannot read scalar {text!r}: {exc}") from None
-    for parse in (int, float):
-        try:
-            return parse(text)
-        except ValueError:
-            pass
-    raise argparse.ArgumentTypeError(f"cannot read scalar {text!r}; write 3, 2.5 or "
-                                     "float32:2.5")
-
-
-def _chunks(text):
-    try:
-        parts = tuple(int(p) for p in text.split(","))
-    except ValueError:
-        parts = ()
-    if not parts or min(parts) < 1:
-        raise argparse.ArgumentTypeError(f"cannot read chunks {text!r}; write 1000 or 256,256")
-    return parts[0] if len(parts) == 1 else parts
-
-
-def build_parser() -> argparse.ArgumentParser:
-    """The ``daskgpu batch`` argument parser.
-
-    Examples
-    --------
-    >>> ns = build_parser().parse_args(["k.dgk", "--input", "x.zarr", "--output",
-    ...                                 "z.zarr:float32", "--scalar", "float32:2"])
-    >>> ns.output, ns.scalar
-    ([('z.zarr', dtype('float32'))], [np.float32(2.0)])
-    """
-    from daskgpu.cli import _Parser
-
-    parser = _Parser(
-        prog="daskgpu batch",
-        description="Run a kernel over stored arrays (zarr or .npy) and write its outputs "
-                    "to zarr chunk by chunk, with progress, retries and resume. The kernel "
-                    "is called per chunk as kernel(*outputs, *scalars, *inputs).",
-        epilog="Exit status: 0 when every chunk is written, 1 when chunks failed, 2 for a "
-               "usage error, 3 when chunks are left (--max-chunks), 130 when interrupted. "
-               "Rerun the same command to compute only the chunks not yet written.")
-    parser.add_argument("kernel", metavar="KERNEL",
-                        help="a kernel bundle (.dgk), or MODULE:FUNCTION (a dotted module "
-                             "or a .py path)")
-    parser.add_argument("--sig", action="append", default=[], metavar="SIG",
-                        help="signature for MODULE:FUNCTION, e.g. 'void(float32[::1], "
-                             "float32[::1])'; repeatable (default: from the inputs)")
-    parser.add_argument("--input", action="append", default=[], required=True,
-                        metavar="PATH", help="a zarr array or .npy file; repeatable, in order")
-    parser.add_argument("--output", action="append", default=[], required=True,
-                        type=_output, metavar="PATH[:DTYPE]",
-                        help="a zarr array to write, e.g. out.zarr:float32 (default dtype: "
-                             "the first input's); repeatable, in order")
-    parser.add_argument("--scalar", action="append", default=[], type=_scalar,
-                        metavar="VALUE", help="3, 2.5 or float32:2.5; repeatable, in order")
-    parser.add_argument("--chunks", type=_chunks, metavar="N[,N...]",
-                        help="chunk shape (default: the first zarr input's chunks)")
-    where = parser.add_mutually_exclusive_group()
-    where.add_argument("--scheduler", metavar="ADDRESS",
-                       help="run on this Dask scheduler (default: a local GPU cluster)")
-    where.add_argument("--scheduler-file", metavar="PATH", help="read the scheduler from a file")
-    where.add_argument("--devices", metavar="LIST",
-                       help="GPUs of the local cluster, e.g. 0,1 (default: all)")
-    parser.add_argument("--retries", type=int, default=2, metavar="N",
-                        help="attempts to make again for a failing chunk (default 2)")
-    parser.add_argument("--max-chunks", type=int, metavar="N",
-                        help="compute at most N chunks in this run")
-    parser.add_argument("--no-resume", dest="resume", action="store_false",
-                        help="overwrite the outputs and compute every chunk")
-    parser.add_argument("--simulate", action=argparse.BooleanOptionalAction, default=None,
-                        help="run in Numba's CUDA simulator (default: only without a GPU)")
-    parser.add_argument("--no-progress", dest="progress", action="store_false",
-                        help="no progress bar")
-    return parser
-
-
-def load_kernel(ref, sigs=()):
-    """The kernel named on the command line: a bundle file, or MODULE:FUNCTION."""
-    import inspect
-
-    from daskgpu.cli import UsageError, _as_kernel, _import_module, _resolve
-
-    if ref.endswith(".dgk") or os.path.isfile(ref):
-        if sigs:
-            raise UsageError(f"{ref} is a compiled bundle; --sig is for MODULE:FUNCTION")
-        from daskgpu._bundle import load
-
-        return load(ref)
-    module_ref, sep, attr = ref.rpartition(":")
-    if not sep or not module_ref or not attr:
-        raise UsageError(f"KERNEL is a .dgk bundle or MODULE:FUNCTION, got {ref!r}")
-    module = _import_module(module_ref)
-    if module_ref.endswith(".py"):  # simulated workers cannot import it by name
-        import cloudpickle
-
-        cloudpickle.register_pickle_by_value(module)
-    obj = _resolve(module, attr, module_ref)
-    if inspect.isfunction(obj) and not sigs:
-        from daskgpu._kernel import jit
-
-        return jit(obj)  # compiled for the inputs' dtypes
-    return _as_kernel(obj, list(sigs), {}, ref)
-
-
-def main(argv=None) -> int:
-    """``daskgpu batch KERNEL --input PATH --output PATH[:DTYPE] ...``; the exit status.
-
-    Examples
-    --------
-    >>> main(["saxpy.dgk", "--input", "x.zarr", "--input", "y.zarr",
-    ...       "--output", "z.zarr:float32", "--scalar", "2.0"])  # doctest: +SKIP
-    batch saxpy: 40 chunks of 25000 over 1000000 on 4 workers; 0 already written, 40 to compute
-    [##############################] 40/40 chunks  2.1 s
-    40/40 chunks written (40 this run, 0 before) in 2.3 s
-    0
-    """
-    from daskgpu.cli import UsageError
-
-    parser = build_parser()
-    try:
-        ns = parser.parse_args(argv)
-        if ns.retries < 0 or (ns.max_chunks is not None and ns.max_chunks < 0):
-            raise UsageError("--retries and --max-chunks take numbers of 0 or more", parser)
-    except UsageError as exc:
-        parser.print_usage(sys.stderr)
-        print(f"daskgpu batch: error: {exc}", file=sys.stderr)
-        return 2
-    except SystemExit as exc:  # --help
-        return exc.code if isinstance(exc.code, int) else 0
-    try:
-        return _main(ns)
-    except UsageError as exc:
-        print(f"daskgpu batch: error: {exc}", file=sys.stderr)
-        return 2
-    except (DaskGPUError, OSError) as exc:
-        print(f"daskgpu batch: error: {exc}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt as exc:
-        for note in getattr(exc, "__notes__", ()):
-            print(note, file=sys.stderr)
-        return INTERRUPTED
-
-
-def _main(ns) -> int:
-    from contextlib import ExitStack
-
-    kernel = load_kernel(ns.kernel, ns.sig)
-    with ExitStack() as stack:
-        client = None
-        if ns.scheduler or ns.scheduler_file:
-            from distributed import Client
-
-            client = stack.enter_context(Client(ns.scheduler, scheduler_file=ns.scheduler_file))
-        elif ns.devices:
-            client = _local_client(stack, ns.devices, ns.simulate)
-        report = run_batch(kernel, ns.input, ns.output, scalars=ns.scalar, chunks=ns.chunks,
-                           client=client, simulate=ns.simulate, retries=ns.retries,
-                           progress=ns.progress, resume=ns.resume, max_chunks=ns.max_chunks)
-    print(report.summary())
-    if report.failed:
-        return FAILED
-    return 0 if report.complete else INCOMPLETE

@@ -5,6 +5,10 @@
 function to a kernel bundle), ``daskgpu inspect`` (what a bundle holds),
 ``daskgpu bench`` and ``daskgpu batch``. ``info``, ``worker`` and ``inspect``
 never import numba, so they run on worker machines that only have the runtime.
+
+This module holds the parser, ``compile`` and ``inspect``, and the dispatch to
+the other commands, which live in :mod:`daskgpu._info`, :mod:`daskgpu._workers`,
+:mod:`daskgpu._demo`, :mod:`daskgpu._bench` and :mod:`daskgpu._batch_cli`.
 """
 
 from __future__ import annotations
@@ -18,13 +22,15 @@ import inspect
 import json
 import os
 import re
-import signal
 import sys
 
 from daskgpu._errors import DaskGPUError
+# machine_facts, local_devices and worker_specs are also reachable here.
+from daskgpu._info import machine_facts, print_info  # noqa: F401
+from daskgpu._workers import local_devices, run_workers, worker_specs  # noqa: F401
 
 # Subcommands whose arguments belong to another module's own parser.
-_PASSTHROUGH = {"bench": "daskgpu._bench", "batch": "daskgpu._batch"}
+_PASSTHROUGH = {"bench": "daskgpu._bench", "batch": "daskgpu._batch_cli"}
 
 
 class UsageError(DaskGPUError, ValueError):
@@ -202,217 +208,14 @@ def _resources(text) -> dict:
     return out
 
 
-# -- info ------------------------------------------------------------------------
+# -- info and worker -------------------------------------------------------------
 def _cmd_info(ns) -> int:
-    facts = machine_facts()
-    if ns.json:
-        print(json.dumps(facts, indent=2))
-        return 0
-    drv, njl = facts["driver"], facts["nvjitlink"]
-    print(f"daskgpu {facts['daskgpu']}")
-    if drv["version"] is None:
-        print(f"no CUDA driver found ({drv['error']})")
-    else:
-        print(f"CUDA driver   {_v(drv['version'])} (reads PTX ISA up to {_v(drv['max_ptx_isa'])})")
-    if njl["version"] is None:
-        print("nvJitLink     not installed (the driver links PTX; pip install nvidia-nvjitlink-cu12)")
-    else:
-        print(f"nvJitLink     {_v(njl['version'])} (reads PTX ISA up to {_v(njl['max_ptx_isa'])})")
-    if facts["max_ptx_isa"] is not None:
-        print(f"loads PTX     up to ISA {_v(facts['max_ptx_isa'])}")
-    print(f"CUDA_VISIBLE_DEVICES={facts['cuda_visible_devices'] or '(unset)'}")
-    if drv["version"] is not None:
-        print(f"{len(facts['devices'])} device(s)")
-        for d in facts["devices"]:
-            print(f"  {d['index']}  {d['name']}  cc {_v(d['cc'])}  "
-                  f"{d['total_memory'] / 2**30:.1f} GiB  {d['uuid']}")
-    if not facts["devices"]:
-        print(facts["hint"])
-    return 0
+    return print_info(as_json=ns.json)
 
 
-def _v(version) -> str:
-    if tuple(version) == (99, 0):  # max_ptx_isa's answer for releases newer than its table
-        return "any (newer than this daskgpu knows)"
-    return ".".join(map(str, version))
-
-
-def machine_facts() -> dict:
-    """This machine's CUDA driver, nvJitLink and GPUs, as plain data (no numba)."""
-    from daskgpu import __version__
-    from daskgpu._runtime.linking import max_ptx_isa
-
-    drv = _driver_facts()
-    njl = _nvjitlink_version()
-    drv["max_ptx_isa"] = list(max_ptx_isa(drv["version"])) if drv["version"] else None
-    linker = njl or drv["version"]  # nvJitLink compiles the PTX when present
-    devices = drv.pop("devices")
-    return {
-        "daskgpu": __version__,
-        "driver": drv,
-        "nvjitlink": {"version": list(njl) if njl else None,
-                      "max_ptx_isa": list(max_ptx_isa(njl)) if njl else None},
-        "max_ptx_isa": list(max_ptx_isa(linker)) if linker else None,
-        "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
-        "devices": devices,
-        "hint": ("Kernels still compile here (daskgpu compile, dg.jit). To run them without "
-                 "a GPU, use Numba's CUDA simulator: daskgpu demo --simulate, or "
-                 "dg.LocalGPUCluster(simulate=True).") if not devices else None,
-    }
-
-
-def _nvjitlink_version():
-    try:
-        from cuda.bindings import nvjitlink
-
-        return tuple(nvjitlink.version())
-    except Exception:
-        return None
-
-
-def _driver_facts() -> dict:
-    try:
-        from cuda.bindings import driver
-
-        (err,) = driver.cuInit(0)
-    except Exception as exc:  # no libcuda at all
-        return {"version": None, "error": _short(exc), "devices": []}
-    ok = driver.CUresult.CUDA_SUCCESS
-    err_v, v = driver.cuDriverGetVersion()
-    version = [v // 1000, (v % 1000) // 10] if err_v == ok else None
-    if err != ok:
-        if version is None:
-            return {"version": None, "error": f"cuInit: {err.name}", "devices": []}
-        return {"version": version, "error": f"cuInit: {err.name}", "devices": []}
-    _, count = driver.cuDeviceGetCount()
-    devices = []
-    for i in range(count):
-        _, dev = driver.cuDeviceGet(i)
-        _, name = driver.cuDeviceGetName(256, dev)
-        attr = driver.CUdevice_attribute
-        _, major = driver.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev)
-        _, minor = driver.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev)
-        _, memory = driver.cuDeviceTotalMem(dev)
-        _, uuid = driver.cuDeviceGetUuid(dev)
-        devices.append({
-            "index": i,
-            "name": name.split(b"\0", 1)[0].decode(errors="replace"),
-            "cc": [major, minor],
-            "total_memory": int(memory),
-            "uuid": _uuid_str(bytes(uuid.bytes)),
-        })
-    return {"version": version, "error": None, "devices": devices}
-
-
-def _uuid_str(raw: bytes) -> str:
-    h = raw.hex()
-    return f"GPU-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:32]}"
-
-
-def _short(exc) -> str:
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0] if text else ''}".strip()
-
-
-# -- worker ----------------------------------------------------------------------
 def _check_worker(parser, ns):
     if ns.scheduler and ns.scheduler_file:
         raise UsageError("give either SCHEDULER or --scheduler-file, not both", parser)
-
-
-def local_devices() -> list:
-    """The GPUs to serve by default: ``CUDA_VISIBLE_DEVICES``, else all the driver sees."""
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible is not None:
-        devices = [d.strip() for d in visible.split(",") if d.strip()]
-    else:
-        devices = [str(d["index"]) for d in _driver_facts()["devices"]]
-    if not devices:
-        raise DaskGPUError(
-            "no GPU to serve: "
-            + (f"CUDA_VISIBLE_DEVICES={visible!r} names none" if visible is not None
-               else "the CUDA driver sees no device")
-            + ". Pass --devices 0,1, or, without GPUs, run a simulated cluster: "
-            "dg.LocalGPUCluster(simulate=True)."
-        )
-    return devices
-
-
-def worker_specs(scheduler=None, *, scheduler_file=None, devices=None, nthreads=1,
-                 resources=None, name=None, memory_limit="auto", local_directory=None,
-                 death_timeout=None, dashboard_address=None) -> list:
-    """Keyword arguments of one ``distributed.Nanny`` per GPU, as ``daskgpu worker`` starts them.
-
-    Each worker sees only its GPU (``CUDA_VISIBLE_DEVICES`` pinned), offers the
-    resource ``GPU=1`` and runs :class:`~daskgpu.GPUWorkerPlugin`.
-
-    Parameters
-    ----------
-    scheduler : str, optional
-        Scheduler address; default the dask config ``scheduler-address``.
-    scheduler_file : str, optional
-        Instead of ``scheduler``, a scheduler file.
-    devices : list of str, optional
-        Device ordinals or UUIDs; default :func:`local_devices`.
-    nthreads : int
-    resources : dict, optional
-        Extra resources; ``GPU`` defaults to 1.
-    name, memory_limit, local_directory, death_timeout, dashboard_address
-        As ``distributed.Nanny`` takes them; ``name`` gets ``-<device>`` with
-        several devices, and ``memory_limit="auto"`` splits the host's memory
-        evenly between the GPU workers.
-
-    Returns
-    -------
-    list of dict
-
-    Examples
-    --------
-    >>> specs = worker_specs("tcp://10.0.0.1:8786", devices=["0", "1"])
-    >>> [s["env"] for s in specs]
-    [{'CUDA_VISIBLE_DEVICES': '0'}, {'CUDA_VISIBLE_DEVICES': '1'}]
-    >>> specs[0]["resources"]
-    {'GPU': 1}
-    """
-    if scheduler is None and scheduler_file is None:
-        import dask.config
-
-        scheduler = dask.config.get("scheduler-address", None)
-        if not scheduler:
-            raise UsageError(
-                "no scheduler to join: give its address (daskgpu worker tcp://host:8786), "
-                "--scheduler-file PATH, or set DASK_SCHEDULER_ADDRESS"
-            )
-    if scheduler is not None and scheduler_file is not None:
-        raise UsageError("give either a scheduler address or a scheduler file, not both")
-    devices = list(devices) if devices else local_devices()
-    if memory_limit == "auto":
-        # Host memory split between this machine's GPU workers, as dask-cuda does;
-        # distributed's own "auto" would give each single-threaded worker one
-        # core's share.
-        from distributed.system import MEMORY_LIMIT
-
-        memory_limit = MEMORY_LIMIT // len(devices)
-    from daskgpu._plugin import GPUWorkerPlugin
-
-    specs = []
-    for device in devices:
-        spec = {
-            "scheduler_ip": scheduler,
-            "scheduler_file": scheduler_file,
-            "nthreads": nthreads,
-            "resources": {"GPU": 1, **(resources or {})},
-            "env": {"CUDA_VISIBLE_DEVICES": str(device)},
-            "plugins": {GPUWorkerPlugin()},
-            "name": name if name is None or len(devices) == 1 else f"{name}-{device}",
-            "memory_limit": memory_limit,
-            "local_directory": local_directory,
-            "death_timeout": death_timeout,
-        }
-        if dashboard_address is not None:
-            spec["dashboard_address"] = dashboard_address
-        specs.append(spec)
-    return specs
 
 
 def _cmd_worker(ns) -> int:
@@ -429,36 +232,6 @@ def _cmd_worker(ns) -> int:
     except (OSError, RuntimeError) as exc:  # the nannies have logged the details
         raise DaskGPUError(f"the workers failed to start: {exc}") from None
     return 0
-
-
-async def run_workers(specs, stop: asyncio.Event | None = None) -> None:
-    """Start one Nanny per spec; run until they finish, SIGINT/SIGTERM, or ``stop`` is set."""
-    from distributed import Nanny
-
-    stop = stop or asyncio.Event()
-    loop = asyncio.get_running_loop()
-    handled = []
-    if sys.platform != "win32":
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            try:
-                loop.add_signal_handler(signum, stop.set)
-                handled.append(signum)
-            except (ValueError, RuntimeError):  # not the main thread
-                pass
-    nannies = [Nanny(**spec) for spec in specs]
-    try:
-        await asyncio.gather(*nannies)
-        finished = asyncio.ensure_future(asyncio.gather(*(n.finished() for n in nannies)))
-        stopped = asyncio.ensure_future(stop.wait())
-        await asyncio.wait([finished, stopped], return_when=asyncio.FIRST_COMPLETED)
-        for task in (finished, stopped):
-            task.cancel()
-        await asyncio.gather(finished, stopped, return_exceptions=True)
-    finally:
-        await asyncio.gather(*(n.close(timeout=10, reason="daskgpu-worker-stop")
-                               for n in nannies), return_exceptions=True)
-        for signum in handled:
-            loop.remove_signal_handler(signum)
 
 
 # -- demo, bench, batch ----------------------------------------------------------

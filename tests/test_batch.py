@@ -19,7 +19,9 @@ import pytest
 from numba import cuda
 
 import daskgpu as dg
-from daskgpu._batch import LEDGER, BatchError, done_chunks, load_kernel, main, run_batch
+from daskgpu._batch import BatchError, run_batch
+from daskgpu._batch_cli import load_kernel, main
+from daskgpu._ledger import LEDGER, done_chunks
 
 zarr = pytest.importorskip("zarr")
 from distributed import Client, get_task_stream  # noqa: E402

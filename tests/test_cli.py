@@ -15,7 +15,7 @@ import pytest
 from numba import cuda
 
 import daskgpu as dg
-from daskgpu import cli
+from daskgpu import _info, cli
 from daskgpu.cli import UsageError, build_parser, main, worker_specs
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -91,7 +91,7 @@ def test_python_dash_m_runs_the_cli():
 
 # -- info ---------------------------------------------------------------------
 def test_info_without_driver_explains_and_exits_0(monkeypatch, capsys):
-    monkeypatch.setattr(cli, "_driver_facts", _facts(NO_DRIVER))
+    monkeypatch.setattr(_info, "_driver_facts", _facts(NO_DRIVER))
     assert main(["info"]) == 0
     out = capsys.readouterr().out
     assert "no CUDA driver found (DynamicLibNotFoundError: no libcuda)" in out
@@ -99,8 +99,8 @@ def test_info_without_driver_explains_and_exits_0(monkeypatch, capsys):
 
 
 def test_info_lists_devices_and_ptx_limits(monkeypatch, capsys):
-    monkeypatch.setattr(cli, "_driver_facts", _facts(TWO_GPUS))
-    monkeypatch.setattr(cli, "_nvjitlink_version", lambda: None)
+    monkeypatch.setattr(_info, "_driver_facts", _facts(TWO_GPUS))
+    monkeypatch.setattr(_info, "_nvjitlink_version", lambda: None)
     assert main(["info"]) == 0
     out = capsys.readouterr().out
     assert "CUDA driver   12.8 (reads PTX ISA up to 8.7)" in out
@@ -113,8 +113,8 @@ def test_info_lists_devices_and_ptx_limits(monkeypatch, capsys):
 
 
 def test_info_json_prefers_nvjitlink(monkeypatch, capsys):
-    monkeypatch.setattr(cli, "_driver_facts", _facts(TWO_GPUS))
-    monkeypatch.setattr(cli, "_nvjitlink_version", lambda: (13, 0))
+    monkeypatch.setattr(_info, "_driver_facts", _facts(TWO_GPUS))
+    monkeypatch.setattr(_info, "_nvjitlink_version", lambda: (13, 0))
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1,0")
     assert main(["info", "--json"]) == 0
     facts = json.loads(capsys.readouterr().out)
@@ -187,9 +187,9 @@ def test_worker_devices_default_to_cuda_visible_devices(monkeypatch):
 
 def test_worker_devices_default_to_what_the_driver_sees(monkeypatch):
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    monkeypatch.setattr(cli, "_driver_facts", _facts(TWO_GPUS))
+    monkeypatch.setattr(_info, "_driver_facts", _facts(TWO_GPUS))
     assert [s["env"]["CUDA_VISIBLE_DEVICES"] for s in worker_specs("tcp://s:8786")] == ["0", "1"]
-    monkeypatch.setattr(cli, "_driver_facts", _facts(NO_DRIVER))
+    monkeypatch.setattr(_info, "_driver_facts", _facts(NO_DRIVER))
     with pytest.raises(dg.DaskGPUError, match="sees no device.*--devices"):
         worker_specs("tcp://s:8786")
 
@@ -262,13 +262,13 @@ def test_bench_and_batch_pass_every_argument_through(monkeypatch):
     calls = _fake_module(monkeypatch, "daskgpu._bench", rc=3)
     assert main(["bench", "cold", "--json", "out.json", "--help"]) == 3
     assert calls == [["cold", "--json", "out.json", "--help"]]
-    calls = _fake_module(monkeypatch, "daskgpu._batch")
+    calls = _fake_module(monkeypatch, "daskgpu._batch_cli")
     assert main(["batch", "-x"]) == 0
     assert calls == [["-x"]]
 
 
 def test_missing_subcommand_module_says_not_implemented(monkeypatch, capsys):
-    monkeypatch.setitem(sys.modules, "daskgpu._batch", None)  # makes the import fail
+    monkeypatch.setitem(sys.modules, "daskgpu._batch_cli", None)  # makes the import fail
     assert main(["batch", "run"]) == 2
     assert "daskgpu batch: not yet implemented in this version" in capsys.readouterr().err
 
