@@ -24,3 +24,18 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def plus_one_ptx(tmp_path_factory):
+    """A PTX file defining device function ``plus_one`` with Numba's ABI (no GPU needed)."""
+    from numba import cuda
+
+    def plus_one(x):
+        return x + 1
+
+    ptx, _ = cuda.compile_ptx(plus_one, "int32(int32)", device=True, cc=(7, 5),
+                              abi_info={"abi_name": "plus_one"})
+    path = tmp_path_factory.mktemp("link") / "plus_one.ptx"
+    path.write_text(ptx)
+    return path

@@ -1,7 +1,6 @@
 """Kernel bundles: data-only files, integrity-checked, loadable without numba."""
 
 import base64
-import copy
 import hashlib
 import json
 import os

@@ -4,7 +4,6 @@ import threading
 import time
 
 import numpy as np
-import pytest
 from numba import cuda
 
 import daskgpu as dg

@@ -158,18 +158,6 @@ def test_versions_name_the_toolchain():
 # -- link files ----------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def plus_one_ptx(tmp_path_factory):
-    """A PTX file defining device function ``plus_one`` with Numba's ABI."""
-
-    def plus_one(x):
-        return x + 1
-
-    ptx, _ = cuda.compile_ptx(plus_one, "int32(int32)", device=True, cc=(7, 5),
-                              abi_info={"abi_name": "plus_one"})
-    path = tmp_path_factory.mktemp("link") / "plus_one.ptx"
-    path.write_text(ptx)
-    return path
 
 
 plus_one_decl = cuda.declare_device("plus_one", "int32(int32)")

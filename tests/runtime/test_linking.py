@@ -55,16 +55,6 @@ def bump(a):
         a[i] = plus_one(a[i])
 
 
-@pytest.fixture(scope="module")
-def plus_one_ptx(tmp_path_factory):
-    def plus_one_py(x):
-        return x + 1
-
-    ptx, _ = cuda.compile_ptx(plus_one_py, "int32(int32)", device=True, cc=(7, 5),
-                              abi_info={"abi_name": "plus_one"})
-    path = tmp_path_factory.mktemp("link") / "plus_one.ptx"
-    path.write_text(ptx)
-    return path
 
 
 @pytest.fixture
