@@ -10,6 +10,7 @@ from cuda.core import ObjectCode
 
 from daskgpu import _config
 from daskgpu._argspec import Zeroed
+from daskgpu._errors import DeviceError
 from daskgpu._runtime import device as _device
 from daskgpu._runtime._cuda import _SUCCESS, CUDAError, check, driver_version, nvjitlink_version
 from daskgpu._runtime.faults import replace_worker_process
@@ -159,6 +160,7 @@ class _HostStaging:
     def __init__(self, stream):
         self.stream = stream
         self.allocations = []
+        self.allocated_bytes = 0
         self.copy_back = []
         self.min_pipelined = int(_config.get("pipeline-min-bytes"))
 
@@ -175,8 +177,9 @@ class _HostStaging:
             host = np.ascontiguousarray(array)
         if host.nbytes == 0:
             return (0, host.shape, host.strides, host.itemsize)
-        dptr = check(driver.cuMemAllocAsync(host.nbytes, self.stream), "cuMemAllocAsync")
+        dptr = self._allocate(host.nbytes)
         self.allocations.append(dptr)
+        self.allocated_bytes += host.nbytes
         if fresh:
             check(driver.cuMemsetD8Async(dptr, 0, host.nbytes, self.stream), "cuMemsetD8Async")
         elif host.nbytes >= self.min_pipelined:
@@ -189,6 +192,15 @@ class _HostStaging:
         if written:
             self.copy_back.append((array, host, dptr))
         return (int(dptr), host.shape, host.strides, host.itemsize)
+
+    def _allocate(self, nbytes: int):
+        err, dptr = driver.cuMemAllocAsync(nbytes, self.stream)
+        if err == _SUCCESS:
+            return dptr
+        if err == driver.CUresult.CUDA_ERROR_OUT_OF_MEMORY:
+            free, total = check(driver.cuMemGetInfo(), "cuMemGetInfo")
+            raise DeviceError(out_of_memory_message(nbytes, self.allocated_bytes, free, total))
+        raise CUDAError(err, "cuMemAllocAsync")
 
     def finish(self):
         """Copy written arrays back and wait for them."""
@@ -209,6 +221,19 @@ class _HostStaging:
         for dptr in self.allocations:
             driver.cuMemFreeAsync(dptr, self.stream)
         self.allocations.clear()
+
+
+def out_of_memory_message(nbytes: int, staged: int, free: int, total: int) -> str:
+    """What to say when a host array's device copy does not fit."""
+    gib = 1 << 30
+    return (
+        f"a host array of {nbytes / gib:.2f} GiB does not fit on the GPU: "
+        f"{free / gib:.2f} GiB of {total / gib:.2f} GiB are free"
+        + (f", with {staged / gib:.2f} GiB of this launch's arrays already there" if staged else "")
+        + ". Nothing was launched and the arrays are unchanged. Use smaller chunks "
+        "(rechunk the dask arrays given to map_kernel), pass device arrays that are "
+        "already on the GPU, or free device memory held elsewhere."
+    )
 
 
 @functools.cache

@@ -52,3 +52,16 @@ def test_stream_objects_by_protocol_and_attribute():
     assert stream_handle(Numbaish()) == 77
     with pytest.raises(TypeError, match="cannot use object as a CUDA stream"):
         stream_handle(object())
+
+
+def test_out_of_memory_message_names_sizes_and_the_fix():
+    from daskgpu._runtime.launcher import out_of_memory_message
+
+    gib = 1 << 30
+    msg = out_of_memory_message(200 * gib, 3 * gib, 12 * gib, 140 * gib)
+    assert "a host array of 200.00 GiB does not fit on the GPU" in msg
+    assert "12.00 GiB of 140.00 GiB are free" in msg
+    assert "3.00 GiB of this launch's arrays already there" in msg
+    assert "Nothing was launched and the arrays are unchanged" in msg
+    assert "rechunk" in msg
+    assert "already there" not in out_of_memory_message(gib, 0, 0, gib)
