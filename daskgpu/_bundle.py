@@ -6,7 +6,8 @@ A bundle is one JSON document (UTF-8), so reading it can never run code::
      "images": [{"name": ..., "entry": ..., "ptx": [[[7, 5], "<PTX text>"]],
                  "args": [["array", "float32", 1, "C"]], "writes": [0],
                  "grid_ndim": 1, "links": [{"name": ..., "kind": ..., "data": "<base64>"}],
-                 "options": [["fastmath", false]], "versions": [["numba-cuda", "0.30.4"]]}],
+                 "options": [["fastmath", false]], "versions": [["numba-cuda", "0.30.4"]],
+                 "exceptions": [[1, "ValueError", ["n too big"], ["k", "k.py", 8]]]}],
      "sha256": "<hex>"}
 
 ``sha256`` is taken over the canonical serialization of everything else (keys
@@ -36,7 +37,7 @@ VERSION = 1
 
 _TOP_KEYS = {"format", "version", "daskgpu", "images", "sha256"}
 _IMAGE_KEYS = {"name", "entry", "ptx", "args", "writes", "grid_ndim", "links",
-               "options", "versions"}
+               "options", "versions", "exceptions"}
 _LINK_KEYS = {"name", "kind", "data"}
 _LINK_KINDS = {"ptx", "cubin", "fatbin", "ltoir", "object", "library"}
 # Link options a KernelImage carries, with the JSON types each may take. Other
@@ -174,6 +175,10 @@ def _encode_image(image: KernelImage) -> dict:
         ],
         "options": [[k, _normalize_option(k, v)] for k, v in fields["options"]],
         "versions": [list(kv) for kv in fields["versions"]],
+        "exceptions": [
+            [code, cls, list(args), list(loc) if loc is not None else None]
+            for code, cls, args, loc in image.exceptions
+        ],
     }
 
 
@@ -441,9 +446,29 @@ def _decode_image(obj, index: int, path: str) -> KernelImage:
         key, value = _check_pair(item, what, path)
         versions.append((_check_type(key, str, what, path), _check_type(value, str, what, path)))
 
+    exceptions = []
+    for i, item in enumerate(_check_type(obj["exceptions"], list, f"{where}.exceptions", path)):
+        what = f"{where}.exceptions[{i}]"
+        _check_type(item, list, what, path)
+        if len(item) != 4:
+            raise BundleError(f"{path!r}: field {what} must be [code, class, args, location]")
+        code = _check_int(item[0], 1, 2**31 - 1, f"{what} code", path)
+        cls = _check_type(item[1], str, f"{what} class", path)
+        exc_args = [_check_type(a, (str, int, float, bool), f"{what} args", path)
+                    for a in _check_type(item[2], list, f"{what} args", path)]
+        loc = item[3]
+        if loc is not None:
+            _check_type(loc, list, f"{what} location", path)
+            if len(loc) != 3:
+                raise BundleError(f"{path!r}: field {what} location must be [function, file, line]")
+            loc = (_check_type(loc[0], str, f"{what} location", path),
+                   _check_type(loc[1], str, f"{what} location", path),
+                   _check_int(loc[2], 0, 2**31 - 1, f"{what} location line", path))
+        exceptions.append((code, cls, tuple(exc_args), loc))
+
     fields = {"name": name, "entry": entry, "ptx": ptx, "args": args, "writes": writes,
               "grid_ndim": grid_ndim, "links": links, "options": options,
-              "versions": versions}
+              "versions": versions, "exceptions": exceptions}
     try:
         return _rebuild_image(fields)
     except (TypeError, ValueError, IndexError) as exc:

@@ -49,6 +49,10 @@ class KernelImage:
         Link options: ``max_registers``, ``debug``, ``lineinfo``, ``fastmath``.
     versions : tuple of (str, str)
         What produced the PTX (numba-cuda, NVVM, PTX ISA), for diagnostics.
+    exceptions : tuple of (int, str, tuple, tuple or None)
+        For ``debug=True`` kernels: what each error code a thread can set
+        means, as ``(code, exception class name, args, (function, file,
+        line))``, so that a worker raises it without the Python function.
     py_func : bytes or None
         The cloudpickled Python function, carried only for the simulator.
     """
@@ -62,6 +66,7 @@ class KernelImage:
     links: tuple = ()
     options: tuple = ()
     versions: tuple = ()
+    exceptions: tuple = ()
     py_func: bytes | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self):
@@ -80,7 +85,7 @@ class KernelImage:
             pass
         h = hashlib.sha256()
         for part in (self.name, self.entry, repr(self.args), repr(self.writes),
-                     repr(self.options), str(self.grid_ndim)):
+                     repr(self.options), str(self.grid_ndim), repr(self.exceptions)):
             h.update(part.encode())
             h.update(b"\0")
         for cc, text in self.ptx:
@@ -137,6 +142,8 @@ def _fields(image: KernelImage) -> dict:
         "options": image.options,
         "versions": image.versions,
     }
+    if image.exceptions:
+        fields["exceptions"] = image.exceptions
     if image.py_func is not None:  # simulator only; PTX-only images carry no trace of it
         fields["py_func"] = image.py_func
     return fields
@@ -155,4 +162,8 @@ def _rebuild_image(fields: dict) -> KernelImage:
     fields["writes"] = tuple(fields.get("writes", ()))
     fields["options"] = tuple(tuple(kv) for kv in fields.get("options", ()))
     fields["versions"] = tuple(tuple(kv) for kv in fields.get("versions", ()))
+    fields["exceptions"] = tuple(
+        (int(code), str(cls), tuple(args), tuple(loc) if loc is not None else None)
+        for code, cls, args, loc in fields.get("exceptions", ())
+    )
     return KernelImage(**fields)

@@ -315,7 +315,7 @@ def test_file_is_readable_json_with_the_documented_layout(bundle):
     assert doc["format"] == "daskgpu-bundle" and doc["version"] == 1
     assert doc["daskgpu"] == dg.__version__
     assert set(doc["images"][0]) == {"name", "entry", "ptx", "args", "writes", "grid_ndim",
-                                     "links", "options", "versions"}
+                                     "links", "options", "versions", "exceptions"}
     assert os.path.getsize(bundle) == read(bundle)[1].size
 
 

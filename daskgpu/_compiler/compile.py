@@ -150,6 +150,16 @@ def stable_symbols(ptx_texts, entry):
     return texts, _SYMBOL.sub(symbol, entry)
 
 
+def _exception_table(call_helper) -> tuple:
+    """The user exceptions a debug kernel can raise, as plain data."""
+    table = []
+    for code, (cls, args, loc) in sorted(getattr(call_helper, "exceptions", {}).items()):
+        plain_args = tuple(a if isinstance(a, (str, int, float, bool)) else repr(a) for a in args)
+        where = (str(loc[0]), str(loc[1]), int(loc[2])) if loc else None
+        table.append((int(code), cls.__name__, plain_args, where))
+    return tuple(table)
+
+
 def _versions(ptx: str) -> tuple:
     import numba_cuda
 
@@ -222,4 +232,5 @@ def compile_image(py_func, argtypes, options: CompileOptions) -> KernelImage:
             ("max_registers", options.max_registers),
         ),
         versions=_versions(ptx[0][1]),
+        exceptions=_exception_table(cres.call_helper) if options.debug else (),
     )

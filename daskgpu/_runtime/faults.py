@@ -1,4 +1,4 @@
-"""What a worker does when CUDA reports an error that poisons its context.
+"""What a worker does when a launch fails: sticky CUDA errors, device exceptions.
 
 After an illegal address (and the other sticky errors in
 :data:`~daskgpu._runtime._cuda.STICKY_ERRORS`) every later CUDA call in the
@@ -11,6 +11,8 @@ worker the error is only raised.
 from __future__ import annotations
 
 import logging
+
+from daskgpu._errors import DeviceError
 
 logger = logging.getLogger("daskgpu")
 
@@ -39,3 +41,27 @@ def _close(worker):
     asyncio.ensure_future(
         worker.close(nanny=False, executor_wait=False, reason="daskgpu: CUDA context lost")
     )
+
+
+def device_exception(image, code: int, tid, ctaid) -> BaseException:
+    """The Python exception a ``debug=True`` kernel's thread reported, as Numba raises it.
+
+    ``tid`` and ``ctaid`` are the reporting thread's ``(z, y, x)`` indices; the
+    exception's class, arguments and source location come from the image's
+    exception table, so no Python function is needed on the worker.
+    """
+    import builtins
+
+    for known, cls_name, args, loc in image.exceptions:
+        if known == code:
+            break
+    else:
+        cls_name, args, loc = "SystemError", (f"unknown error {code} in kernel {image.name!r}",), None
+    cls = getattr(builtins, cls_name, None)
+    if not (isinstance(cls, type) and issubclass(cls, BaseException)):
+        cls = DeviceError
+        args = (f"{cls_name}: {args[0]}" if args else cls_name,) + tuple(args[1:])
+    where = f"In function {loc[0]!r}, file {loc[1]}, line {loc[2]}, " if loc else ""
+    prefix = f"{where}tid={list(tid)} ctaid={list(ctaid)}"
+    args = (f"{prefix}: {args[0]}",) + tuple(args[1:]) if args else (prefix,)
+    return cls(*args)

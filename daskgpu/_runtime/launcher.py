@@ -13,7 +13,7 @@ from daskgpu._argspec import Zeroed
 from daskgpu._errors import DeviceError
 from daskgpu._runtime import device as _device
 from daskgpu._runtime._cuda import _SUCCESS, CUDAError, check, driver_version, nvjitlink_version
-from daskgpu._runtime.faults import replace_worker_process
+from daskgpu._runtime.faults import device_exception, replace_worker_process
 from daskgpu._runtime.cache import DiskCache, ModuleCache
 from daskgpu._runtime.linking import link_cubin
 from daskgpu._runtime.marshal import ParamLayout, flatten
@@ -41,8 +41,24 @@ class LinkedKernel:
             "cuFuncGetAttribute",
         )
         self.layout = ParamLayout(image.args)
+        # Debug kernels report a raised exception through these globals.
+        self.errcode = self._global(image.entry + "__errcode__") if image.option("debug") else None
         self._block_size = {}
         self._dims = {}  # LaunchConfig -> (griddim, blockdim), validated
+
+    def _global(self, name: str):
+        library = check(driver.cuKernelGetLibrary(self.handle), "cuKernelGetLibrary")
+        dptr, _ = check(driver.cuLibraryGetGlobal(library, name.encode()), f"cuLibraryGetGlobal({name})")
+        return dptr
+
+    def raised(self, image, stream):
+        """The exception a debug kernel's thread raised in the last launch, else None."""
+        check(driver.cuStreamSynchronize(stream), "cuStreamSynchronize")
+        if _read_int(self.errcode) == 0:
+            return None
+        tid = [_read_int(self._global(f"{image.entry}__tid{a}__")) for a in "zyx"]
+        ctaid = [_read_int(self._global(f"{image.entry}__ctaid{a}__")) for a in "zyx"]
+        return device_exception(image, _read_int(self.errcode), tid, ctaid)
 
     def dims(self, config, state, name):
         """``(griddim, blockdim)`` for ``config``, checked against the device once."""
@@ -278,6 +294,8 @@ def run(image, config, args, infos):
                 values += shape
                 values += strides
         params = kernel.layout.pack(values)
+        if kernel.errcode is not None:
+            check(driver.cuMemsetD32Async(kernel.errcode, 0, 1, stream), "cuMemsetD32Async")
         err = driver.cuLaunchKernel(
             kernel.handle, *griddim, *blockdim, config.sharedmem, stream, params, 0
         )[0]
@@ -285,6 +303,10 @@ def run(image, config, args, infos):
             raise CUDAError(err, f"launching kernel {image.name!r}")
         if staging is not None:
             staging.finish()
+        if kernel.errcode is not None:
+            exc = kernel.raised(image, stream)
+            if exc is not None:
+                raise exc
     except CUDAError as exc:
         if exc.sticky:
             staging = None  # the context is gone: nothing can be freed any more
@@ -293,6 +315,12 @@ def run(image, config, args, infos):
     finally:
         if staging is not None:
             staging.free()
+
+
+def _read_int(dptr) -> int:
+    value = np.zeros(1, np.int32)
+    check(driver.cuMemcpyDtoH(value.ctypes.data, dptr, 4), "cuMemcpyDtoH")
+    return int(value[0])
 
 
 def _host_only(infos) -> bool:

@@ -1,0 +1,69 @@
+"""Device exceptions of debug kernels, rebuilt from the image's plain-data table."""
+
+import numpy as np
+import pytest
+from numba import cuda
+
+import daskgpu as dg
+from daskgpu._runtime.faults import device_exception
+
+
+def _raising(a, n):
+    i = cuda.grid(1)
+    if i == 3 and n > 1:
+        raise ValueError("n too big")
+    if i < a.size:
+        a[i] = n
+
+
+RAISING = dg.jit("void(float32[::1], int32)", debug=True, opt=False)(_raising)
+
+
+def test_debug_image_carries_its_exception_table_as_plain_data():
+    (code, cls, args, loc), = RAISING.images[0].exceptions
+    assert (cls, args) == ("ValueError", ("n too big",))
+    assert loc[0] == "_raising" and loc[1].endswith("test_faults.py") and loc[2] > 0
+    assert isinstance(code, int)
+
+
+def test_images_without_debug_carry_no_table():
+    assert dg.jit("void(float32[::1], int32)")(_raising).images[0].exceptions == ()
+
+
+def test_exception_is_rebuilt_as_numba_raises_it():
+    image = RAISING.images[0]
+    code = image.exceptions[0][0]
+    exc = device_exception(image, code, [0, 0, 3], [0, 0, 0])
+    assert type(exc) is ValueError
+    line = image.exceptions[0][3][2]
+    assert str(exc).startswith("In function '_raising', file ")
+    assert str(exc).endswith(f", line {line}, tid=[0, 0, 3] ctaid=[0, 0, 0]: n too big")
+
+
+def test_unknown_code_and_unknown_class():
+    image = RAISING.images[0]
+    exc = device_exception(image, 999, [0, 0, 0], [0, 0, 1])
+    assert type(exc) is SystemError and "unknown error 999" in str(exc)
+    odd = image.__class__(**{**{f: getattr(image, f) for f in (
+        "name", "entry", "ptx", "args", "writes", "grid_ndim", "links", "options", "versions")},
+        "exceptions": ((1, "MyKernelError", ("boom",), None),)})
+    exc = device_exception(odd, 1, [0, 0, 0], [0, 0, 0])
+    assert isinstance(exc, dg.DeviceError)
+    assert str(exc) == "tid=[0, 0, 0] ctaid=[0, 0, 0]: MyKernelError: boom"
+
+
+def test_exception_table_survives_pickle_and_bundle(tmp_path):
+    import pickle
+
+    shipped = pickle.loads(pickle.dumps(RAISING.configure(1, 8)))
+    assert shipped.kernel.images[0].exceptions == RAISING.images[0].exceptions
+    dg.save(RAISING, tmp_path / "r.dgk")
+    assert dg.load(tmp_path / "r.dgk").images[0] == RAISING.images[0]
+
+
+@pytest.mark.gpu
+def test_debug_kernel_raises_on_the_gpu():
+    a = np.zeros(8, np.float32)
+    with pytest.raises(ValueError, match=r"tid=\[0, 0, 3\] ctaid=\[0, 0, 0\]: n too big"):
+        RAISING[1, 8](a, 5)
+    assert (RAISING[1, 8](a, 1) == 1).all()  # the context is fine afterwards
