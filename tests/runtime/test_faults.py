@@ -24,6 +24,10 @@ def test_debug_image_carries_its_exception_table_as_plain_data():
     assert (cls, args) == ("ValueError", ("n too big",))
     assert loc[0] == "_raising" and loc[1].endswith("test_faults.py") and loc[2] > 0
     assert isinstance(code, int)
+    # The globals the worker reads after a debug launch, by these exact names.
+    image = RAISING.images[0]
+    for suffix in ("__errcode__", "__tidx__", "__tidz__", "__ctaidx__", "__ctaidz__"):
+        assert image.entry + suffix in image.ptx[0][1]
 
 
 def test_images_without_debug_carry_no_table():
