@@ -18,11 +18,12 @@ def gpu_available() -> bool:
 
 
 def pytest_collection_modifyitems(config, items):
-    if gpu_available():
-        return
-    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    # `gpu` tests need a device; `nogpu` tests check what happens without one.
+    unwanted, reason = ("nogpu", "checks the no-GPU case") if gpu_available() else (
+        "gpu", "needs a CUDA GPU")
+    skip = pytest.mark.skip(reason=reason)
     for item in items:
-        if "gpu" in item.keywords:
+        if unwanted in item.keywords:
             item.add_marker(skip)
 
 

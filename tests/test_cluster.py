@@ -19,10 +19,6 @@ UUID_B = "GPU-9a7b6c5d-0000-1111-2222-333344445555"
 MIG = "MIG-4b1e0f2a-0000-1111-2222-333344445555"
 
 
-def has_gpu():
-    return bool(visible_devices()[0])
-
-
 # -- the spec, without starting processes --------------------------------------
 @pytest.mark.parametrize("given,expected", [
     (0, (0,)),
@@ -152,9 +148,8 @@ def test_resolve_devices_without_gpu(monkeypatch, caplog):
         resolve_devices(simulate=False)
 
 
+@pytest.mark.nogpu
 def test_simulate_false_without_gpu_errors_clearly():
-    if has_gpu():
-        pytest.skip("this machine has a GPU")
     before = _config.simulating()
     with pytest.raises(dg.DeviceError, match="found no CUDA GPU.*Install the NVIDIA driver"):
         dg.LocalGPUCluster(simulate=False)

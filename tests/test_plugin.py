@@ -7,15 +7,10 @@ import pytest
 from distributed import Client, LocalCluster
 
 import daskgpu as dg
-from daskgpu._cluster import visible_devices
 from daskgpu._plugin import GPUWorkerPlugin
 
 FACTS = {"simulated", "device_id", "name", "cc", "total_memory", "uuid", "pci_bus_id",
          "driver_version", "nvjitlink_version", "cuda_visible_devices"}
-
-
-def has_gpu():
-    return bool(visible_devices()[0])
 
 
 def test_name_is_stable():
@@ -51,9 +46,8 @@ def test_setup_records_facts_on_the_plugin():
     assert plugin.info["name"] == "Numba CUDA simulator"
 
 
+@pytest.mark.nogpu
 def test_no_gpu_and_not_simulating_fails_with_the_fix():
-    if has_gpu():
-        pytest.skip("this machine has a GPU")
     with dask.config.set({"daskgpu.simulate": False}):
         with pytest.raises(dg.DeviceError, match="no usable CUDA GPU.*daskgpu.simulate=True"):
             GPUWorkerPlugin().setup(worker=None)
@@ -90,9 +84,8 @@ def test_register_on_a_plain_local_cluster(plain_client):
         plain_client.register_plugin(dg.GPUWorkerPlugin())
 
 
+@pytest.mark.nogpu
 def test_register_without_gpu_raises_on_the_client(plain_client):
-    if has_gpu():
-        pytest.skip("this machine has a GPU")
     with dask.config.set({"daskgpu.simulate": False}):
         with pytest.raises(dg.DeviceError, match="no usable CUDA GPU"):
             plain_client.register_plugin(dg.GPUWorkerPlugin())
