@@ -161,7 +161,7 @@ class Out:
 
 # -- the per-chunk task -------------------------------------------------------
 
-# Parameter kinds of a _ChunkLaunch; each but OFFSET consumes one task argument.
+# Parameter kinds of a _ChunkLaunch; CHUNK, WHOLE and VALUE take a task argument.
 CHUNK, OUT, WHOLE, VALUE, OFFSET = "chunk", "out", "whole", "value", "offset"
 
 
@@ -192,6 +192,10 @@ class _ChunkLaunch:
         The parameters returned, in order: outputs, then written dask inputs.
     rank : int
         Launch rank: 1 for ``ntasks = chunk.size``, else ``ntasks = chunk.shape``.
+    chunks : tuple of tuple of int
+        The output's chunks (with halos, when ``depth`` is given): an ``OUT``
+        is allocated in the shape of its block, so outputs need no task of
+        their own.
     starts, depth, edge_halo
         Per axis: chunk start indices in the aligned array, halo depth, and
         whether the first chunk also has a halo (a boundary other than
@@ -200,18 +204,19 @@ class _ChunkLaunch:
         Allocate outputs with CuPy even when no chunk argument is a CuPy array.
     """
 
-    __slots__ = ("kernel", "params", "returns", "rank", "tpb", "starts", "depth",
+    __slots__ = ("kernel", "params", "returns", "rank", "tpb", "chunks", "starts", "depth",
                  "edge_halo", "cupy")
 
-    def __init__(self, kernel, params, returns, rank, tpb, starts, depth, edge_halo, cupy):
+    def __init__(self, kernel, params, returns, rank, tpb, chunks, starts, depth, edge_halo,
+                 cupy):
         self.kernel, self.params, self.returns = kernel, params, returns
-        self.rank, self.tpb = rank, tpb
+        self.rank, self.tpb, self.chunks = rank, tpb, chunks
         self.starts, self.depth, self.edge_halo = starts, depth, edge_halo
         self.cupy = cupy
 
     def __reduce__(self):
-        return _ChunkLaunch, (self.kernel, self.params, self.returns, self.rank,
-                              self.tpb, self.starts, self.depth, self.edge_halo, self.cupy)
+        return _ChunkLaunch, (self.kernel, self.params, self.returns, self.rank, self.tpb,
+                              self.chunks, self.starts, self.depth, self.edge_halo, self.cupy)
 
     def __repr__(self):
         return f"<map_kernel chunk launch of {self.kernel.__name__}>"
@@ -229,36 +234,25 @@ class _ChunkLaunch:
             out.append(np.int64(start))
         return tuple(out)
 
-    def __call__(self, *values, block_id=None):
-        taking = [p for p in self.params if p[0] != OFFSET]
-        arrays = [v for (kind, _, _), v in zip(taking, values) if kind in (CHUNK, OUT)]
-        xp = _array_module(self.cupy or any(_is_cupy(v) for v in arrays))
-        shape = np.broadcast_shapes(*(v.shape for v in arrays))
-        offsets = self.offsets(block_id) if block_id is not None else ()
+    def __call__(self, *values, block_id):
+        block = tuple(c[b] for c, b in zip(self.chunks, block_id))
+        chunks = [v for (kind, _, _), v in zip(self._taking(), values) if kind == CHUNK]
+        xp = _array_module(self.cupy or any(_is_cupy(v) for v in chunks))
+        shape = np.broadcast_shapes(block, *(v.shape for v in chunks))
+        offsets = self.offsets(block_id)
         args, it = [], iter(values)
         for kind, a, b in self.params:
             if kind == OFFSET:
                 args.append(offsets[a])
-                continue
-            v = next(it)
-            if kind == CHUNK:
-                order = "F" if a == "F" else "C"
-                if b:  # written: never touch the user's chunk, dask may share it
-                    v = xp.array(v, order=order, copy=True)
-                elif a == "C" and not v.flags.c_contiguous:
-                    v = xp.ascontiguousarray(v)
-                elif a == "F" and not v.flags.f_contiguous:
-                    v = xp.asfortranarray(v)
             elif kind == OUT:
                 order = "F" if b == "F" else "C"
                 if xp is not np:
-                    v = xp.zeros(v.shape, dtype=a, order=order)
+                    args.append(xp.zeros(block, dtype=a, order=order))
                 else:
                     # Zero-filled on the GPU by the launch, not copied there.
-                    v = Zeroed(np.empty(v.shape, dtype=a, order=order))
-            elif kind == WHOLE and a:
-                v = v.copy()
-            args.append(v)
+                    args.append(Zeroed(np.empty(block, dtype=a, order=order)))
+            else:
+                args.append(_prepared(kind, a, b, next(it), xp))
         size = math.prod(shape)
         if size:
             ntasks = size if self.rank == 1 else tuple(shape)
@@ -266,15 +260,32 @@ class _ChunkLaunch:
                 self.kernel.forall(ntasks, self.tpb)(*args)
             except Exception as exc:
                 if hasattr(exc, "add_note"):
-                    where = f"chunk {tuple(block_id)}" if block_id is not None else "a chunk"
                     exc.add_note(
-                        f"daskgpu.map_kernel: launching {self.kernel.__name__} on {where} "
-                        f"of shape {tuple(shape)}"
-                        + (f", offset {tuple(int(o) for o in offsets)}" if offsets else "")
+                        f"daskgpu.map_kernel: launching {self.kernel.__name__} on chunk "
+                        f"{tuple(block_id)} of shape {tuple(shape)}, offset "
+                        f"{tuple(int(o) for o in offsets)}"
                     )
                 raise
         results = tuple(_unwrap(args[i]) for i in self.returns)
         return results[0] if len(results) == 1 else results
+
+    def _taking(self):
+        """The parameters that take a task argument, in order."""
+        return [p for p in self.params if p[0] not in (OFFSET, OUT)]
+
+
+def _prepared(kind, a, b, value, xp):
+    """A task argument as the kernel parameter ``(kind, a, b)`` takes it."""
+    if kind == CHUNK:
+        if b:  # written: never touch the user's chunk, dask may share it
+            return xp.array(value, order="F" if a == "F" else "C", copy=True)
+        if a == "C" and not value.flags.c_contiguous:
+            return xp.ascontiguousarray(value)
+        if a == "F" and not value.flags.f_contiguous:
+            return xp.asfortranarray(value)
+    elif kind == WHOLE and a:
+        return value.copy()
+    return value
 
 
 # -- building the graph -------------------------------------------------------
@@ -553,6 +564,7 @@ def map_kernel(kernel, *args, depth=None, boundary=None, tpb=0, name=None, grid_
     array([0, 1, 2, 3, 4, 5])
     """
     import dask.array as da
+    from dask.array.core import broadcast_chunks
     from dask.array.overlap import trim_internal
     from dask.array.utils import meta_from_array
     from dask.base import tokenize
@@ -614,14 +626,17 @@ def map_kernel(kernel, *args, depth=None, boundary=None, tpb=0, name=None, grid_
     blocks, halo, left, trim = _halo(aligned, out_chunks, ndim, depth, boundary)
     starts = tuple(tuple(int(s) for s in np.cumsum((0,) + c[:-1])) for c in out_chunks)
     base = _meta_base(arrays)
+    # Outputs are allocated in the task that launches on them: a task per
+    # output chunk would double the graph and the scheduler's work.
+    block_chunks = broadcast_chunks(*(b.chunks for b in blocks))
     fn = _ChunkLaunch(ship, tuple(params), tuple(i for i, _ in returns), rank, int(tpb),
-                      starts, halo, left, base is not None)
+                      block_chunks, starts, halo, left, base is not None)
 
     task_args = []
     for kind, value in roles:
-        if kind in (CHUNK, OUT):
+        if kind == CHUNK:
             task_args.append(blocks[value])
-        elif kind != OFFSET:
+        elif kind not in (OUT, OFFSET):
             task_args.append(value)
     if name is None:
         token = tokenize(image.hash, kernel.__name__, args, depth, boundary, int(tpb),
@@ -632,9 +647,10 @@ def map_kernel(kernel, *args, depth=None, boundary=None, tpb=0, name=None, grid_
         lambda dt: np.empty((0,) * ndim, dtype=dt))
     with _gpu_annotation():
         if len(returns) == 1:
-            results = [da.map_blocks(fn, *task_args, name=name, meta=meta_of(returns[0][1]))]
+            results = [da.map_blocks(fn, *task_args, name=name, chunks=block_chunks,
+                                     meta=meta_of(returns[0][1]))]
         else:
-            launched = da.map_blocks(fn, *task_args, name=name,
+            launched = da.map_blocks(fn, *task_args, name=name, chunks=block_chunks,
                                      meta=np.empty((0,) * ndim, dtype=object))
             results = [
                 launched.map_blocks(operator.getitem, i, name=f"{name}-out{i}",
