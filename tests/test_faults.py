@@ -1,9 +1,11 @@
 """Faults during a map_kernel job: a worker process dies, the result is still whole."""
 
+import math
 import threading
 import time
 
 import numpy as np
+import pytest
 from numba import cuda
 
 import daskgpu as dg
@@ -17,6 +19,59 @@ def slow_double(out, x, start):
         out[i] = 2 * x[i] + (start + i) * 0
 
 
+@dg.jit("void(float32[::1], float32[::1], int32)")
+def busy_double(out, x, iters):
+    # Dependent sin/cos steps make a chunk take time on a real GPU. Adding v * 0
+    # keeps them: without fastmath it cannot be folded (v could be NaN), yet v
+    # stays in [-1, 1], so the sum is exactly 2 * x.
+    i = cuda.grid(1)
+    if i < out.size:
+        v, half = x[i], np.float32(0.5)  # a float64 0.5 would make the loop float64
+        for _ in range(iters):
+            v = math.sin(v) * half + math.cos(v) * half
+        out[i] = 2 * x[i] + v * 0
+
+
+def result_after_killing_a_worker(client, future, holding=None, timeout=240):
+    """``future``'s result, with one busy worker's process killed during the job.
+
+    Kills the first worker seen processing (and, given a key name ``holding``,
+    holding a finished chunk of it, so that results are lost too); checks that
+    it left the scheduler.
+    """
+    killed = []
+
+    def kill_one_worker_once_busy():
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            has_what = client.has_what() if holding else {}
+            busy = [w for w, keys in client.processing().items() if keys and (
+                not holding or any(isinstance(k, tuple) and k[0] == holding
+                                   for k in has_what.get(w, ())))]
+            if busy:
+                # The nanny sees its worker process die and starts another;
+                # the scheduler reruns what was lost. The timer lets run() return.
+                client.run(
+                    lambda: __import__("threading").Timer(
+                        0.05, __import__("os")._exit, (1,)).start(),
+                    workers=[busy[0]],
+                )
+                killed.append(busy[0])
+                return
+            time.sleep(0.05)
+
+    killer = threading.Thread(target=kill_one_worker_once_busy)
+    killer.start()
+    result = future.result(timeout=timeout)
+    killer.join()
+    assert killed, "no worker was busy to be killed"
+    deadline = time.time() + 30
+    while killed[0] in client.scheduler_info()["workers"] and time.time() < deadline:
+        time.sleep(0.2)
+    assert killed[0] not in client.scheduler_info()["workers"]
+    return result
+
+
 def test_worker_killed_mid_job_result_is_complete():
     import dask.array as da
     from distributed import Client
@@ -26,34 +81,23 @@ def test_worker_killed_mid_job_result_is_complete():
             Client(cluster) as client:
         x = da.from_array(xn, chunks=1000)  # 24 chunks, each ~0.15 s simulated
         out = dg.map_kernel(slow_double, dg.Out(np.float32, like=x), x, dg.offset)
-        future = client.compute(out)
-
-        killed = []
-
-        def kill_one_worker_once_busy():
-            deadline = time.time() + 60
-            while time.time() < deadline:
-                processing = client.processing()
-                busy = [w for w, keys in processing.items() if keys]
-                if busy:
-                    # The nanny sees its worker process die and starts another;
-                    # the scheduler reruns what was lost.
-                    client.run(
-                        lambda: __import__("threading").Timer(
-                            0.05, __import__("os")._exit, (1,)).start(),
-                        workers=[busy[0]],
-                    )
-                    killed.append(busy[0])
-                    return
-                time.sleep(0.05)
-
-        killer = threading.Thread(target=kill_one_worker_once_busy)
-        killer.start()
-        result = future.result(timeout=240)
-        killer.join()
-        assert killed, "no worker was busy to be killed"
-        deadline = time.time() + 30
-        while killed[0] in client.scheduler_info()["workers"] and time.time() < deadline:
-            time.sleep(0.2)
-        assert killed[0] not in client.scheduler_info()["workers"]
+        result = result_after_killing_a_worker(client, client.compute(out))
     np.testing.assert_array_equal(result, 2 * xn)
+
+
+@pytest.mark.gpu
+def test_gpu_worker_killed_mid_job_result_is_complete():
+    import dask.array as da
+    from distributed import Client
+
+    # One worker per GPU and devices may not repeat: on a one-GPU machine the
+    # only worker dies, its nanny restarts it and the lost chunks rerun there.
+    n = 1 << 24  # float32 holds every index exactly, so 2 * x is exact
+    with dg.LocalGPUCluster(simulate=False, dashboard_address=None) as cluster, \
+            Client(cluster) as client:
+        # 64 chunks that each about fill an H200; 100k steps make the job ~1-4 s.
+        x = da.arange(n, chunks=1 << 18, dtype=np.float32)
+        out = dg.map_kernel(busy_double, dg.Out(np.float32, like=x), x, 100_000)
+        result = result_after_killing_a_worker(
+            client, client.compute(out), holding=out.name, timeout=120)
+    np.testing.assert_array_equal(result, 2 * np.arange(n, dtype=np.float32))
