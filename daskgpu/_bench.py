@@ -72,6 +72,89 @@ def bench_cold(repeat: int = 3) -> dict:
                   "numba pickled dispatcher", goal=0.3)
 
 
+_ADD_CONSTANT = """
+def add_c(out, x, y):
+    i = cuda.grid(1)
+    if i < out.size:
+        out[i] = x[i] + y[i] + C
+"""
+
+
+def _add_constant(c: float):
+    """A new ``out = x + y + c`` kernel function; Numba freezes the global ``C`` into the code."""
+    from numba import cuda
+
+    # Globals, not a closure: the simulator swaps ``cuda`` in globals only.
+    namespace = {"__name__": __name__, "cuda": cuda, "C": c}
+    exec(_ADD_CONSTANT, namespace)
+    return namespace["add_c"]
+
+
+def _first_task_run(kernel, size: int) -> float:
+    """On a worker: launch ``kernel`` on new CuPy arrays of ``size`` float32; ``out[0]``."""
+    import cupy as cp
+
+    x = cp.ones(size, cp.float32)
+    out = cp.empty_like(x)
+    kernel[(size + 255) // 256, 256](out, x, x)
+    return float(out[0])  # copies back, so the launch has finished
+
+
+def bench_first_task(repeat: int = 5, size: int = 1024) -> dict:
+    """First task of a kernel new to a started worker: daskgpu links PTX, Numba compiles."""
+    import itertools
+    import random
+
+    from numba import cuda
+
+    import daskgpu as dg
+    from daskgpu import _bench_kernels as k
+
+    client = _Cluster.get()
+    workers = client.scheduler_info()["workers"]
+    worker = min(workers)  # one worker for every task: the same GPU and threads
+    nthreads = workers[worker]["nthreads"]
+    # Every kernel bakes in its own constant, so its PTX, image hash and
+    # dispatcher are new: no module cache, disk cache (cache-dir, were it on)
+    # or Numba dispatcher can serve it. The random start keeps a disk cache
+    # left by an earlier run from matching too.
+    constants = itertools.count(random.randrange(1 << 20))
+
+    def ours():
+        c = float(next(constants))  # integers below 2**24 add exactly in float32
+        return dg.jit(k.ADD_SIG)(_add_constant(c)), c  # compiled here, untimed
+
+    def numba():
+        c = float(next(constants))
+        return cuda.jit(_add_constant(c)), c  # compiles on the worker, on first call
+
+    def first_task(kernel, c):
+        t0 = time.perf_counter()
+        value = client.submit(_first_task_run, kernel, size, workers=[worker],
+                              allow_other_workers=False, pure=False).result()
+        seconds = time.perf_counter() - t0
+        assert value == 2.0 + c, (value, c)
+        return seconds
+
+    # Warm: imports, CuPy, the first link and the first Numba compile of the
+    # process, on each of the worker's threads, with kernels not timed below.
+    def warm(kernels):
+        futures = [client.submit(_first_task_run, kern, size, workers=[worker],
+                                 allow_other_workers=False, pure=False)
+                   for kern, _ in kernels]
+        client.gather(futures)
+
+    warm([ours() for _ in range(nthreads)])
+    warm([numba() for _ in range(nthreads)])
+    dg_t, nb_t = [], []
+    for _ in range(repeat):  # interleaved, so drift on the worker hits both alike
+        dg_t.append(first_task(*ours()))
+        nb_t.append(first_task(*numba()))
+    return _ratio(f"first task of a new kernel, started worker ({size} float32)",
+                  dg_t, nb_t, "ms", "a new Numba dispatcher, compiled in that task",
+                  goal=0.05, scale=1e3)
+
+
 def _sync():
     from cuda.bindings import driver
 
@@ -172,6 +255,11 @@ def _numba_chunk(x, y):
     return out
 
 
+def _noop_chunk(x, *rest):
+    # Dask's own per-chunk cost: a task that does nothing but hand back its chunk.
+    return x
+
+
 def _unique(prefix: str) -> str:
     # Each timed run gets fresh keys: equal keys would be served from the
     # results of the previous run still held by the cluster.
@@ -268,7 +356,7 @@ def bench_map_host(size_bytes: int = 1 << 30, chunk_bytes: int = 64 << 20) -> li
 
 
 def bench_map_device(size_bytes: int = 1 << 30, chunk_bytes: int = 64 << 20) -> dict:
-    """``map_kernel`` on CuPy chunks vs ``map_blocks`` + Numba on the same chunks, per chunk."""
+    """``map_kernel`` on CuPy chunks vs ``map_blocks`` + Numba, and a no-op, on the same chunks."""
     import cupy as cp
     import dask.array as da
 
@@ -290,15 +378,23 @@ def bench_map_device(size_bytes: int = 1 << 30, chunk_bytes: int = 64 << 20) -> 
         return _wait_persisted(
             da.map_blocks(_numba_chunk, xg, yg, dtype=np.float32, name=_unique("numba")))
 
-    ours(), baseline()
+    def noop():
+        return _wait_persisted(
+            da.map_blocks(_noop_chunk, xg, yg, dtype=np.float32, name=_unique("noop")))
+
+    ours(), baseline(), noop()
     dg_t = [t / nchunks for t in _timed(ours)]
     nb_t = [t / nchunks for t in _timed(baseline)]
+    noop_t = [t / nchunks for t in _timed(noop)]
     launch_only = _Cluster.get().submit(device_chunk_seconds, chunk_bytes, pure=False).result()
     return [
         _ratio(f"map_kernel per chunk, CuPy chunks of {chunk_bytes >> 20} MiB", dg_t, nb_t,
                "ms", "da.map_blocks + Numba kernel per chunk", goal=1.0, scale=1e3),
         _ratio("  of which: allocate + launch on one CuPy chunk, no Dask", [launch_only[0]],
                [launch_only[1]], "ms", "the same with a Numba dispatcher", scale=1e3),
+        # How much of the per-chunk time is Dask's scheduling, not daskgpu's.
+        _ratio("  Dask's floor: a no-op map_blocks on the same chunks", dg_t, noop_t, "ms",
+               "da.map_blocks of a no-op returning its first chunk", scale=1e3),
     ]
 
 
@@ -396,6 +492,7 @@ def bench_scaling(size_bytes: int = 512 << 20, chunk_bytes: int = 16 << 20,
 
 SECTIONS = {
     "cold": bench_cold,
+    "first-task": bench_first_task,
     "launch": bench_launch,
     "submit": bench_submit,
     "map-host": bench_map_host,
