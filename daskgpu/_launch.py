@@ -8,8 +8,12 @@ from __future__ import annotations
 
 import operator
 
+from daskgpu import _config
 from daskgpu._argspec import Zeroed, array_info, describe, mismatch, signature_str
 from daskgpu._errors import LaunchConfigError, PicklingError
+
+#: What a fast launch path returns when the arguments are not for it.
+MISS = object()
 
 
 def _dims(value, what: str) -> tuple:
@@ -139,17 +143,30 @@ class Launch:
     kernel's compiled images (PTX and argument specs).
     """
 
-    __slots__ = ("kernel", "config")
+    __slots__ = ("kernel", "config", "_fast")
 
     def __init__(self, kernel, config: LaunchConfig):
         self.kernel = kernel
         self.config = config
+        self._fast = None  # the runtime's DeviceLaunch for repeats of the last launch
 
     def __call__(self, *args):
+        fast = self._fast
+        if fast is not None:
+            result = fast(args)
+            if result is not MISS:
+                return result
         # Each argument's array facts are read once, for matching and marshalling.
         infos = [array_info(a) for a in args]
         image = self.kernel._select(args, infos)
-        return self.kernel._run(image, self.config, args, infos)
+        result = self.kernel._run(image, self.config, args, infos)
+        # Only the first image may take the fast path: matching one image alone
+        # must pick what select_image would.
+        if image.py_func is None and not _config.simulating() and image is self.kernel.images[0]:
+            from daskgpu._runtime.launcher import device_launch
+
+            self._fast = device_launch(image, self.config, infos)
+        return result
 
     def __reduce__(self):
         return Launch, (self.kernel, self.config)
@@ -160,6 +177,10 @@ class Launch:
     @property
     def __name__(self):  # Dask names tasks after their function
         return self.kernel.__name__
+
+
+#: Launches a kernel keeps for reuse, one per configuration (LaunchAPI._launch).
+_LAUNCHES_KEPT = 64
 
 
 class LaunchAPI:
@@ -173,6 +194,26 @@ class LaunchAPI:
                 f"kernel[griddim, blockdim, stream, sharedmem], got kernel[{config!r}]"
             )
         return self.configure(*config)
+
+    def _launch(self, key, make) -> Launch:
+        """The :class:`Launch` for ``key``, made once per kernel and configuration.
+
+        ``kernel[grid, block](...)`` in a loop then reuses one Launch and its
+        fast path. Configurations with a stream (objects, kept alive by a
+        cache) or unhashable dimensions are not cached; at most
+        :data:`_LAUNCHES_KEPT` are, the oldest dropped first.
+        """
+        cache = self.__dict__.setdefault("_launches", {})
+        try:
+            launch = cache.get(key)
+        except TypeError:  # e.g. dimensions given as lists
+            return make()
+        if launch is None:
+            launch = make()
+            if len(cache) >= _LAUNCHES_KEPT:
+                del cache[next(iter(cache))]
+            cache[key] = launch
+        return launch
 
     def configure(self, griddim, blockdim, stream=0, sharedmem=0) -> Launch:
         """A :class:`Launch` of this kernel on ``griddim`` blocks of ``blockdim`` threads.
@@ -189,7 +230,12 @@ class LaunchAPI:
         >>> fill.configure(4, 256)
         <Launch fill LaunchConfig(griddim=(4, 1, 1), blockdim=(256, 1, 1))>
         """
-        return Launch(self, LaunchConfig(griddim, blockdim, stream, sharedmem))
+        def make():
+            return Launch(self, LaunchConfig(griddim, blockdim, stream, sharedmem))
+
+        if stream:
+            return make()
+        return self._launch(("grid", griddim, blockdim, sharedmem), make)
 
     def forall(self, ntasks, tpb=0, stream=0, sharedmem=0) -> Launch:
         """A :class:`Launch` covering ``ntasks`` threads, block size from occupancy.
@@ -209,8 +255,13 @@ class LaunchAPI:
         >>> fill.forall(1000)
         <Launch fill LaunchConfig(ntasks=1000)>
         """
-        return Launch(self, LaunchConfig(ntasks=ntasks, tpb=tpb, stream=stream,
-                                         sharedmem=sharedmem))
+        def make():
+            return Launch(self, LaunchConfig(ntasks=ntasks, tpb=tpb, stream=stream,
+                                             sharedmem=sharedmem))
+
+        if stream:
+            return make()
+        return self._launch(("forall", ntasks, tpb, sharedmem), make)
 
     # -- dispatch, shared by both kinds of kernel ----------------------------
     def _run(self, image, config, args, infos):

@@ -129,6 +129,24 @@ def test_launch_syntax_makes_launches():
     assert repr(launch) == "<Launch saxpy_py LaunchConfig(griddim=(1, 1, 1), blockdim=(1, 1, 1))>"
 
 
+def test_a_kernel_reuses_its_launch_per_configuration():
+    # kernel[grid, block](...) in a loop reuses one Launch, and with it the
+    # runtime's fast path for repeats.
+    k = dg.jit(saxpy_py)
+    assert k[4, 128] is k[4, 128] is k.configure(4, 128)
+    assert k.forall(1000) is k.forall(1000)
+    assert k.forall(1000) is not k.forall(1001)
+    assert k[4, 128] is not k[4, 128, 0, 256]
+    assert k[[4], [128]] is not k[[4], [128]]  # unhashable dimensions: made afresh
+    stream = object()
+    assert k[4, 128, stream] is not k[4, 128, stream]  # streams are never kept alive
+    first = k[1, 1]
+    for n in range(2, 2 + dg._launch._LAUNCHES_KEPT):
+        k[n, 1]
+    assert k[1, 1] is not first  # bounded: the oldest went first
+    assert len(k._launches) == dg._launch._LAUNCHES_KEPT
+
+
 @pytest.mark.parametrize("index", [1, (1,), (1, 2, 3, 4, 5)])
 def test_bad_launch_syntax(index):
     with pytest.raises(dg.LaunchConfigError, match=r"launch as kernel\[griddim, blockdim\]"):

@@ -9,8 +9,9 @@ from cuda.bindings import driver
 from cuda.core import ObjectCode
 
 from daskgpu import _config
-from daskgpu._argspec import Zeroed
+from daskgpu._argspec import Zeroed, _has_layout, array_info
 from daskgpu._errors import DeviceError
+from daskgpu._launch import MISS, written_result
 from daskgpu._runtime import device as _device
 from daskgpu._runtime._cuda import _SUCCESS, CUDAError, check, driver_version, nvjitlink_version
 from daskgpu._runtime.faults import device_exception, replace_worker_process
@@ -30,6 +31,8 @@ class LinkedKernel:
         self.object_code = ObjectCode.from_cubin(cubin, name=image.name)
         self.kernel = self.object_code.get_kernel(image.entry)
         self.handle = self.kernel.handle
+        # Launching the context's CUfunction costs less host time than the
+        # CUkernel (4.4 against 4.9-5.5 us a launch on the H200).
         self.function = check(
             driver.cuKernelGetFunction(self.handle), "cuKernelGetFunction"
         )
@@ -297,7 +300,7 @@ def run(image, config, args, infos):
         if kernel.errcode is not None:
             check(driver.cuMemsetD32Async(kernel.errcode, 0, 1, stream), "cuMemsetD32Async")
         err = driver.cuLaunchKernel(
-            kernel.handle, *griddim, *blockdim, config.sharedmem, stream, params, 0
+            kernel.function, *griddim, *blockdim, config.sharedmem, stream, params, 0
         )[0]
         if err != _SUCCESS:  # the message is only formatted when needed
             raise CUDAError(err, f"launching kernel {image.name!r}")
@@ -315,6 +318,82 @@ def run(image, config, args, infos):
     finally:
         if staging is not None:
             staging.free()
+
+
+class DeviceLaunch:
+    """A repeat launch of one image with one configuration, on device arrays only.
+
+    Made from a launch that took the general path of :func:`run`, it keeps
+    what that path looked up (the device, the linked kernel, the checked grid
+    and block) and does, in one pass over the arguments, only what depends on
+    them: match each against its spec and pack its fields. Anything it does not
+    cover (host arrays, another thread's device, arguments that do not match)
+    returns :data:`~daskgpu._launch.MISS`, and the caller takes the general path.
+    """
+
+    __slots__ = ("state", "kernel", "function", "dims", "layout", "checks", "writes", "name")
+
+    def __init__(self, image, kernel: LinkedKernel, state, griddim, blockdim, sharedmem):
+        # Holding the LinkedKernel keeps its module loaded, even once evicted
+        # from the module cache.
+        self.state, self.kernel = state, kernel
+        self.function, self.layout = kernel.function, kernel.layout
+        self.dims = (*griddim, *blockdim, sharedmem)
+        # Per parameter: (dtype, ndim, layout) of an array, or the scalar's spec.
+        self.checks = tuple(
+            (spec.np_dtype, spec.ndim, spec.layout) if spec.is_array else spec
+            for spec in image.args
+        )
+        self.writes, self.name = image.writes, image.name
+
+    def __call__(self, args):
+        if len(args) != len(self.checks) or _device.current() is not self.state:
+            return MISS
+        values = []
+        for value, check in zip(args, self.checks):
+            if type(check) is tuple:
+                info = array_info(value)
+                if info is None or info[3] is None:
+                    return MISS
+                dtype, shape, strides, ptr = info
+                want, ndim, layout = check
+                if dtype != want or len(shape) != ndim or not _has_layout(
+                    shape, strides, want.itemsize, layout
+                ):
+                    return MISS
+                values += (0, 0, _nitems(shape), want.itemsize, ptr)
+                values += shape
+                values += strides
+            elif check.matches(None, value):
+                flatten(check, value, values)
+            else:
+                return MISS
+        err = driver.cuLaunchKernel(
+            self.function, *self.dims, _DEFAULT_STREAM, self.layout.pack(values), 0
+        )[0]
+        if err != _SUCCESS:
+            exc = CUDAError(err, f"launching kernel {self.name!r}")
+            if exc.sticky:
+                replace_worker_process(exc)
+            raise exc
+        return written_result(args, self.writes)
+
+
+def device_launch(image, config, infos) -> DeviceLaunch | None:
+    """A :class:`DeviceLaunch` repeating this launch, or None when it would not apply.
+
+    It applies to launches on the legacy default stream whose arrays are all
+    on the device, of kernels compiled without ``debug``; call it after
+    :func:`run` succeeded, so the configuration has been checked.
+    """
+    if config.stream or any(info is not None and info[3] is None for info in infos):
+        return None
+    state = _device.current()
+    kernel = linked(image, state)
+    if kernel.errcode is not None:
+        return None
+    griddim, blockdim = kernel.dims(config, state, image.name)
+    return DeviceLaunch(image, kernel, state, griddim, blockdim, config.sharedmem)
 
 
 def _read_int(dptr) -> int:
