@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import functools
+import math
 
 import numpy as np
 from cuda.bindings import driver
 from cuda.core import ObjectCode
 
 from daskgpu import _config
-from daskgpu._argspec import Zeroed, _has_layout, array_info
+from daskgpu._argspec import _READERS, Zeroed, _has_layout
 from daskgpu._errors import DeviceError
 from daskgpu._launch import MISS, written_result
 from daskgpu._runtime import device as _device
@@ -263,6 +264,7 @@ def stager() -> Stager:
 
 
 _DEFAULT_STREAM = driver.CUstream(0)
+_cuLaunchKernel = driver.cuLaunchKernel  # looked up once: it is on every launch
 
 
 def run(image, config, args, infos):
@@ -352,23 +354,24 @@ class DeviceLaunch:
         values = []
         for value, check in zip(args, self.checks):
             if type(check) is tuple:
-                info = array_info(value)
+                reader = _READERS.get(type(value))  # numpy arrays are not in it: MISS
+                info = reader(value) if reader is not None else None
                 if info is None or info[3] is None:
                     return MISS
                 dtype, shape, strides, ptr = info
                 want, ndim, layout = check
-                if dtype != want or len(shape) != ndim or not _has_layout(
-                    shape, strides, want.itemsize, layout
+                if (dtype is not want and dtype != want) or len(shape) != ndim or (
+                    layout != "A" and not _has_layout(shape, strides, want.itemsize, layout)
                 ):
                     return MISS
-                values += (0, 0, _nitems(shape), want.itemsize, ptr)
+                values += (0, 0, math.prod(shape), want.itemsize, ptr)
                 values += shape
                 values += strides
             elif check.matches(None, value):
                 flatten(check, value, values)
             else:
                 return MISS
-        err = driver.cuLaunchKernel(
+        err = _cuLaunchKernel(
             self.function, *self.dims, _DEFAULT_STREAM, self.layout.pack(values), 0
         )[0]
         if err != _SUCCESS:
