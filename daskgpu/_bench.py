@@ -7,6 +7,7 @@ reported as a ratio; absolute times mean something only on the GPU machine.
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import os
 import pickle
@@ -125,7 +126,6 @@ def bench_first_task(repeat: int = 3, size: int = 1024) -> list:
     import daskgpu as dg
     from daskgpu import _bench_kernels as k
 
-    client = _Cluster.get()
     # Every kernel bakes in its own constant, so its PTX, image hash and
     # dispatcher are new: no module cache, disk cache (cache-dir, were it on)
     # or Numba dispatcher can serve it. The random start keeps a disk cache
@@ -140,38 +140,40 @@ def bench_first_task(repeat: int = 3, size: int = 1024) -> list:
         c = float(next(constants))
         return cuda.jit(_add_constant(c)), c  # compiles on the worker, on first call
 
-    def on_worker(fn, *args):
-        # One worker for every task: the same GPU and threads.
-        return client.submit(fn, *args, workers=[min(client.scheduler_info()["workers"])],
-                             allow_other_workers=False, pure=False)
-
-    def first_task(kernel, c):
+    def first_task(client, kernel, c):
         t0 = time.perf_counter()
-        value = on_worker(_first_task_run, kernel, size).result()
+        value = client.submit(_first_task_run, kernel, size, pure=False).result(timeout=300)
         seconds = time.perf_counter() - t0
         assert value == 2.0 + c, (value, c)
         return seconds
 
-    def fresh_worker():
-        client.restart()
-        on_worker(_prepare_worker, size).result()
+    def on_new_cluster(kernel, c):
+        # A new cluster, not client.restart(): its workers are as fresh, and
+        # its cost stays out of the timing either way.
+        from distributed import Client
+
+        from daskgpu._cluster import LocalGPUCluster
+
+        with LocalGPUCluster(threads_per_worker=_Cluster.threads_per_worker,
+                             dashboard_address=None) as cluster, \
+                Client(cluster, set_as_default=False) as fresh:
+            fresh.run(_prepare_worker, size)
+            return first_task(fresh, kernel, c)
 
     # On a started worker: its first link against Numba's first compile.
     cold_dg, cold_nb = [], []
     for _ in range(repeat):
-        fresh_worker()
-        cold_dg.append(first_task(*ours()))
-        fresh_worker()
-        cold_nb.append(first_task(*numba()))
-    # On a worker that has linked and compiled before: each further new kernel.
-    workers = client.scheduler_info()["workers"]
-    nthreads = workers[min(workers)]["nthreads"]
-    client.gather([on_worker(_first_task_run, kern, size) for kern, _ in
-                   [ours() for _ in range(nthreads)] + [numba() for _ in range(nthreads)]])
+        cold_dg.append(on_new_cluster(*ours()))
+        cold_nb.append(on_new_cluster(*numba()))
+    # On workers that have linked and compiled before: each further new kernel.
+    client = _Cluster.get()
+    client.run(_prepare_worker, size)
+    client.run(_first_task_run, ours()[0], size)
+    client.run(_first_task_run, numba()[0], size)
     dg_t, nb_t = [], []
     for _ in range(repeat):  # interleaved, so drift on the worker hits both alike
-        dg_t.append(first_task(*ours()))
-        nb_t.append(first_task(*numba()))
+        dg_t.append(first_task(client, *ours()))
+        nb_t.append(first_task(client, *numba()))
     return [
         _ratio(f"first task on a started worker ({size} float32)", cold_dg, cold_nb, "ms",
                "the first task of a Numba dispatcher there (compiles)", goal=0.05, scale=1e3),
@@ -219,6 +221,7 @@ class _Cluster:
     """One LocalGPUCluster and Client shared by the Dask sections of a run."""
 
     client = None
+    threads_per_worker = 2  # --threads-per-worker
 
     @classmethod
     def get(cls):
@@ -227,7 +230,8 @@ class _Cluster:
 
             from daskgpu._cluster import LocalGPUCluster
 
-            cls.client = Client(LocalGPUCluster(threads_per_worker=2, dashboard_address=None))
+            cls.client = Client(LocalGPUCluster(threads_per_worker=cls.threads_per_worker,
+                                                dashboard_address=None))
         return cls.client
 
 
@@ -554,17 +558,50 @@ def _table(rows) -> str:
     return "\n".join(lines)
 
 
+def section_sizes(name: str, size: int) -> dict:
+    """The data sizes of section ``name`` when each mapped host array is ``size`` bytes.
+
+    The map sections use arrays of ``size`` in 64 MiB chunks (smaller for small
+    sizes); compute and scaling, which run many steps per element, a quarter
+    and a half of it. Other sections take no size.
+
+    Examples
+    --------
+    >>> section_sizes("map-host", 1 << 30)
+    {'size_bytes': 1073741824, 'chunk_bytes': 67108864}
+    >>> section_sizes("compute", 256 << 20)
+    {'size_bytes': 67108864, 'chunk_bytes': 8388608}
+    >>> section_sizes("launch", 1 << 30)
+    {}
+    """
+    share, chunks = {"map-host": (1, 16), "map-device": (1, 16), "compute": (4, 8),
+                     "scaling": (2, 32)}.get(name, (None, None))
+    if share is None:
+        return {}
+    size_bytes = size // share
+    default_chunk = inspect.signature(SECTIONS[name]).parameters["chunk_bytes"].default
+    return {"size_bytes": size_bytes,
+            "chunk_bytes": min(default_chunk, max(1 << 20, size_bytes // chunks))}
+
+
 def main(argv=None) -> int:
+    from dask.utils import parse_bytes
+
     parser = argparse.ArgumentParser(prog="daskgpu bench", description=__doc__)
     parser.add_argument("sections", nargs="*", default=list(SECTIONS),
                         help=f"which comparisons to run (default all: {', '.join(SECTIONS)})")
     parser.add_argument("--json", metavar="PATH", help="also write the figures as JSON")
+    parser.add_argument("--size", default="1GiB", type=parse_bytes, metavar="BYTES",
+                        help="bytes of each mapped host array, e.g. 256MiB (default 1GiB)")
+    parser.add_argument("--threads-per-worker", type=int, default=2, metavar="N",
+                        help="threads of each LocalGPUCluster worker (default 2)")
     args = parser.parse_args(argv)
+    _Cluster.threads_per_worker = args.threads_per_worker
     rows = []
     for name in args.sections:
         if name not in SECTIONS:
             parser.error(f"unknown section {name!r}; choose from {', '.join(SECTIONS)}")
-        result = SECTIONS[name]()
+        result = SECTIONS[name](**section_sizes(name, args.size))
         result = result if isinstance(result, list) else [result]
         rows += result
         print(_table(result), flush=True)
