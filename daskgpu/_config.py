@@ -57,9 +57,30 @@ def get(key: str, default=None):
     return defaults()["daskgpu"].get(key, default)
 
 
+def flag(key: str, default: bool = False) -> bool:
+    """Read a yes/no setting; the strings "false", "no", "off" and "0" are no.
+
+    Environment variables arrive as strings where they are not Python
+    literals: ``DASK_DASKGPU__SIMULATE=false`` must not read as true.
+
+    Examples
+    --------
+    >>> import dask.config
+    >>> with dask.config.set({"daskgpu.pin-host-inputs": "false"}):
+    ...     flag("pin-host-inputs")
+    False
+    >>> flag("pin-host-inputs")
+    True
+    """
+    value = get(key, default)
+    if isinstance(value, str):
+        return value.strip().lower() not in ("false", "no", "off", "0", "")
+    return bool(value)
+
+
 def simulating() -> bool:
     """Whether kernels run in Numba's CUDA simulator in this process."""
-    return bool(get("simulate", False))
+    return flag("simulate")
 
 
 def register() -> None:

@@ -12,7 +12,7 @@ from cuda.core import ObjectCode
 from daskgpu import _config
 from daskgpu._argspec import _READERS, Zeroed, _has_layout
 from daskgpu._errors import DeviceError
-from daskgpu._launch import MISS, written_result
+from daskgpu._launch import MISS
 from daskgpu._runtime import device as _device
 from daskgpu._runtime._cuda import _SUCCESS, CUDAError, check, driver_version, nvjitlink_version
 from daskgpu._runtime.faults import device_exception, replace_worker_process
@@ -172,9 +172,11 @@ def stream_handle(stream) -> int:
 class _HostStaging:
     """Device copies of the host arrays of one launch, freed on exit.
 
-    Arrays of at least ``daskgpu.pipeline-min-bytes`` go through the pinned
-    pipeline of :class:`~daskgpu._runtime.staging.Stager`; smaller ones are
-    copied directly, where a pipeline's set-up would cost more than it saves.
+    Arrays of at least ``daskgpu.pipeline-min-bytes`` that the kernel only
+    reads are page-locked where they are, for this launch, and copied by DMA
+    straight from there (``daskgpu.pin-host-inputs``); other large ones go
+    through the pinned pipeline of :class:`~daskgpu._runtime.staging.Stager`.
+    Smaller ones are copied directly, where either would cost more than it saves.
     """
 
     def __init__(self, stream):
@@ -182,7 +184,9 @@ class _HostStaging:
         self.allocations = []
         self.allocated_bytes = 0
         self.copy_back = []
+        self.registered = []  # host addresses page-locked for this launch
         self.min_pipelined = int(_config.get("pipeline-min-bytes"))
+        self.pin_inputs = _config.flag("pin-host-inputs")
 
     def stage(self, arg, written: bool):
         """Copy host array ``arg`` to the device; return ``(ptr, shape, strides, itemsize)``.
@@ -203,7 +207,8 @@ class _HostStaging:
         if fresh:
             check(driver.cuMemsetD8Async(dptr, 0, host.nbytes, self.stream), "cuMemsetD8Async")
         elif host.nbytes >= self.min_pipelined:
-            stager().to_device(dptr, host, self.stream)
+            if written or not (self.pin_inputs and self._copy_in_place(dptr, host)):
+                stager().to_device(dptr, host, self.stream)
         else:
             check(
                 driver.cuMemcpyHtoDAsync(dptr, host.ctypes.data, host.nbytes, self.stream),
@@ -212,6 +217,22 @@ class _HostStaging:
         if written:
             self.copy_back.append((array, host, dptr))
         return (int(dptr), host.shape, host.strides, host.itemsize)
+
+    def _copy_in_place(self, dptr, host: np.ndarray) -> bool:
+        """Queue a DMA copy straight from ``host``, page-locked until :meth:`free`.
+
+        Locking the pages costs less than copying them into pinned slots (on
+        the H200 host: 2.1 ms against 2.4 ms with 8 threads per 64 MiB) and
+        leaves the copy threads and memory bandwidth to the outputs. False when
+        the driver refuses, e.g. for pages another launch has locked (adjacent
+        chunks of one array may share a page); the pipeline copies those.
+        """
+        ptr = host.ctypes.data
+        if driver.cuMemHostRegister(ptr, host.nbytes, _REGISTER_READ_ONLY)[0] != _SUCCESS:
+            return False
+        self.registered.append(ptr)
+        check(driver.cuMemcpyHtoDAsync(dptr, ptr, host.nbytes, self.stream), "cuMemcpyHtoDAsync")
+        return True
 
     def _allocate(self, nbytes: int):
         err, dptr = driver.cuMemAllocAsync(nbytes, self.stream)
@@ -238,6 +259,12 @@ class _HostStaging:
                 array[...] = host
 
     def free(self):
+        if self.registered:
+            # The DMA engine may still read them after a failure mid-launch.
+            driver.cuStreamSynchronize(self.stream)
+            for ptr in self.registered:
+                driver.cuMemHostUnregister(ptr)
+            self.registered.clear()
         for dptr in self.allocations:
             driver.cuMemFreeAsync(dptr, self.stream)
         self.allocations.clear()
@@ -264,6 +291,9 @@ def stager() -> Stager:
 
 
 _DEFAULT_STREAM = driver.CUstream(0)
+# The GPU only reads these inputs, so the driver may map them read-only; where
+# it does not support that, registering fails and the pipeline copies them.
+_REGISTER_READ_ONLY = driver.CU_MEMHOSTREGISTER_READ_ONLY
 _cuLaunchKernel = driver.cuLaunchKernel  # looked up once: it is on every launch
 
 
@@ -341,9 +371,11 @@ class DeviceLaunch:
         self.state, self.kernel = state, kernel
         self.function, self.layout = kernel.function, kernel.layout
         self.dims = (*griddim, *blockdim, sharedmem)
-        # Per parameter: (dtype, ndim, layout) of an array, or the scalar's spec.
+        # Per parameter: an array's (dtype, ndim, layout, 1-D contiguous), or
+        # the scalar's spec. The 1-D case, the common one, is checked inline.
         self.checks = tuple(
-            (spec.np_dtype, spec.ndim, spec.layout) if spec.is_array else spec
+            (spec.np_dtype, spec.ndim, spec.layout, spec.ndim == 1 and spec.layout != "A")
+            if spec.is_array else spec
             for spec in image.args
         )
         self.writes, self.name = image.writes, image.name
@@ -359,14 +391,16 @@ class DeviceLaunch:
                 if info is None or info[3] is None:
                     return MISS
                 dtype, shape, strides, ptr = info
-                want, ndim, layout = check
-                if (dtype is not want and dtype != want) or len(shape) != ndim or (
-                    layout != "A" and not _has_layout(shape, strides, want.itemsize, layout)
-                ):
+                want, ndim, layout, flat = check
+                itemsize = want.itemsize
+                if (dtype is not want and dtype != want) or len(shape) != ndim:
                     return MISS
-                values += (0, 0, math.prod(shape), want.itemsize, ptr)
-                values += shape
-                values += strides
+                if flat:
+                    if strides[0] != itemsize and shape[0] > 1:
+                        return MISS
+                elif layout != "A" and not _has_layout(shape, strides, itemsize, layout):
+                    return MISS
+                values += (0, 0, math.prod(shape), itemsize, ptr, *shape, *strides)
             elif check.matches(None, value):
                 flatten(check, value, values)
             else:
@@ -379,7 +413,10 @@ class DeviceLaunch:
             if exc.sticky:
                 replace_worker_process(exc)
             raise exc
-        return written_result(args, self.writes)
+        writes = self.writes  # device arrays only here: nothing to unwrap
+        if len(writes) == 1:
+            return args[writes[0]]
+        return tuple(args[i] for i in writes) if writes else None
 
 
 def device_launch(image, config, infos) -> DeviceLaunch | None:

@@ -84,3 +84,49 @@ def test_device_memory_is_flat_over_many_launches():
     for _ in range(2000):
         affine.forall(x.size)(out, x)
     assert used() - before <= 64 << 20
+
+
+@dg.jit
+def add3(out, x, y):
+    i = cuda.grid(1)
+    if i < out.size:
+        out[i] = x[i] + 2 * y[i]
+
+
+def _registrable(a) -> bool:
+    """Whether ``a``'s pages can be page-locked now (none of them is locked already)."""
+    from cuda.bindings import driver
+
+    err = driver.cuMemHostRegister(a.ctypes.data, a.nbytes, 0)[0]
+    if err != driver.CUresult.CUDA_SUCCESS:
+        return False
+    driver.cuMemHostUnregister(a.ctypes.data)
+    return True
+
+
+@pytest.mark.parametrize("pin", [True, False])
+def test_large_read_only_inputs_are_pinned_in_place_for_the_launch_only(pin):
+    import dask.config
+
+    n = (32 << 20) // 4
+    rng = np.random.default_rng(2)
+    x, y = rng.random(n, dtype=np.float32), rng.random(n, dtype=np.float32)
+    out = np.zeros_like(x)
+    with dask.config.set({"daskgpu.pin-host-inputs": pin}):
+        add3.forall(n)(out, x, y)
+    np.testing.assert_array_equal(out, x + 2 * y)
+    assert _registrable(x) and _registrable(y)  # unlocked again after the launch
+
+
+def test_inputs_sharing_pages_fall_back_to_the_pipeline():
+    # The same array twice, and adjacent views of one buffer: locking the
+    # second overlaps the first, the driver refuses, the pipeline copies it.
+    n = (32 << 20) // 4
+    base = np.random.default_rng(3).random(2 * n + 7, dtype=np.float32)
+    x, y = base[:n], base[n:2 * n]
+    out = np.zeros(n, np.float32)
+    add3.forall(n)(out, x, x)
+    np.testing.assert_array_equal(out, 3 * x)
+    add3.forall(n)(out, x, y)
+    np.testing.assert_array_equal(out, x + 2 * y)
+    assert _registrable(base)
