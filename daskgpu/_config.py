@@ -66,10 +66,12 @@ def flag(key: str, default: bool = False) -> bool:
     Examples
     --------
     >>> import dask.config
-    >>> with dask.config.set({"daskgpu.pin-host-inputs": "false"}):
-    ...     flag("pin-host-inputs")
+    >>> register()  # before dask.config.set, so the defaults outlive its block
+    >>> with dask.config.set({"daskgpu.simulate": "false"}):
+    ...     flag("simulate")
     False
-    >>> flag("pin-host-inputs")
+    >>> with dask.config.set({"daskgpu.simulate": "True"}):
+    ...     flag("simulate")
     True
     """
     value = get(key, default)
