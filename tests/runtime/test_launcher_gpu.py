@@ -210,3 +210,28 @@ def test_fast_path_keeps_its_module_loaded_when_the_cache_drops_it():
     module_cache.clear()
     out = launch(cp.empty_like(x), 1.0, x, x)
     cp.testing.assert_array_equal(out, 2 * x)
+
+
+def test_host_array_larger_than_free_device_memory_is_refused_with_the_sizes():
+    from cuda.bindings import driver
+
+    from daskgpu._runtime import device
+
+    device.current()
+    pool = driver.cuDeviceGetDefaultMemPool(0)[1]
+    driver.cuCtxSynchronize()
+    driver.cuMemPoolTrimTo(pool, 0)  # memory the pool kept would serve the copy
+    free = driver.cuMemGetInfo()[1]
+    err, hog = driver.cuMemAlloc(free - (1 << 30))  # leave 1 GiB free
+    assert err == driver.CUresult.CUDA_SUCCESS
+    try:
+        n = (2 << 30) // 4  # 2 GiB of host float32
+        x = np.ones(n, np.float32)
+        out = np.full(16, -1, np.float32)
+        with pytest.raises(dg.DeviceError, match=r"host array of 2\.00 GiB does not fit on the GPU"):
+            saxpy.forall(16)(out, np.float32(2), x, x[:16])
+        assert (out == -1).all()  # nothing launched, arrays unchanged
+    finally:
+        driver.cuMemFree(hog)
+    assert saxpy.forall(16)(out, np.float32(2), x[:16], x[:16]) is out  # the worker goes on
+    np.testing.assert_array_equal(out, 3)
