@@ -303,7 +303,7 @@ def run(image, config, args, infos):
         params = kernel.layout.pack(values)
         if kernel.errcode is not None:
             check(driver.cuMemsetD32Async(kernel.errcode, 0, 1, stream), "cuMemsetD32Async")
-        err = driver.cuLaunchKernel(
+        err = _cuLaunchKernel(
             kernel.function, *griddim, *blockdim, config.sharedmem, stream, params, 0
         )[0]
         if err != _SUCCESS:  # the message is only formatted when needed
