@@ -384,6 +384,73 @@ def bench_map_host(size_bytes: int = 1 << 30, chunk_bytes: int = 64 << 20) -> li
     ]
 
 
+def bench_host_copies(chunk_bytes: int = 64 << 20, repeat: int = 5) -> list:
+    """What one host chunk costs on the host side, against the DMA the GPU needs for it.
+
+    Pageable numpy chunks are copied into pinned memory by ``daskgpu.copy-threads``
+    threads, and outputs are written into fresh pages: these rows show how much
+    of map-host's distance to the pinned-copy limit is the host's own.
+    """
+    from concurrent.futures import ThreadPoolExecutor
+
+    from cuda.bindings import driver
+
+    from daskgpu import _config
+    from daskgpu._runtime import device
+    from daskgpu._runtime._cuda import check
+    from daskgpu._runtime.staging import PinnedSlot
+
+    device.current()
+    threads = int(_config.get("copy-threads"))
+    src = np.random.default_rng(0).integers(0, 255, chunk_bytes, dtype=np.uint8)
+    pinned = PinnedSlot(chunk_bytes)
+    dev = check(driver.cuMemAlloc(chunk_bytes), "cuMemAlloc")
+    pool = ThreadPoolExecutor(threads)
+    step = -(-chunk_bytes // threads)
+
+    def parallel_copy(dst):
+        list(pool.map(lambda o: np.copyto(dst[o:o + step], src[o:o + step]),
+                      range(0, chunk_bytes, step)))
+
+    def best(fn):
+        fn()
+        times = []
+        for _ in range(repeat):
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0)
+        return times
+
+    def dma():
+        check(driver.cuMemcpyHtoDAsync(dev, pinned.ptr, chunk_bytes, 0), "cuMemcpyHtoDAsync")
+        check(driver.cuCtxSynchronize(), "cuCtxSynchronize")
+
+    def lock_in_place():
+        check(driver.cuMemHostRegister(src.ctypes.data, chunk_bytes, 0), "cuMemHostRegister")
+        check(driver.cuMemHostUnregister(src.ctypes.data), "cuMemHostUnregister")
+
+    reused = np.empty_like(src)
+    try:
+        to_pinned = best(lambda: parallel_copy(pinned.array))
+        rows = [
+            _ratio(f"copying a {chunk_bytes >> 20} MiB chunk into pinned memory, "
+                   f"{threads} threads", to_pinned, best(dma), "ms",
+                   "the DMA of that pinned chunk to the GPU", scale=1e3),
+            _ratio(f"writing a {chunk_bytes >> 20} MiB output into fresh pages, {threads} threads",
+                   best(lambda: parallel_copy(np.empty_like(src))),
+                   best(lambda: parallel_copy(reused)), "ms",
+                   "the same into pages written before", scale=1e3),
+            _ratio(f"page-locking a {chunk_bytes >> 20} MiB chunk in place and unlocking it",
+                   best(lock_in_place), to_pinned, "ms",
+                   "copying it into pinned memory (as daskgpu does)", scale=1e3),
+        ]
+    finally:
+        pool.shutdown()
+        driver.cuMemFree(dev)
+        pinned.free()
+    return rows
+
+
 def bench_map_device(size_bytes: int = 1 << 30, chunk_bytes: int = 64 << 20) -> dict:
     """``map_kernel`` on CuPy chunks vs ``map_blocks`` + Numba, and a no-op, on the same chunks."""
     import cupy as cp
@@ -525,6 +592,7 @@ SECTIONS = {
     "launch": bench_launch,
     "submit": bench_submit,
     "map-host": bench_map_host,
+    "host-copies": bench_host_copies,
     "map-device": bench_map_device,
     "compute": bench_compute,
     "scaling": bench_scaling,
