@@ -200,8 +200,9 @@ class LaunchAPI:
 
         ``kernel[grid, block](...)`` in a loop then reuses one Launch and its
         fast path. Configurations with a stream (objects, kept alive by a
-        cache) or unhashable dimensions are not cached; at most
-        :data:`_LAUNCHES_KEPT` are, the oldest dropped first.
+        cache) or unhashable dimensions are not cached. At most
+        :data:`_LAUNCHES_KEPT` are; a full cache starts afresh, which, unlike
+        evicting one entry, is safe while other threads use it.
         """
         cache = self.__dict__.setdefault("_launches", {})
         try:
@@ -211,7 +212,7 @@ class LaunchAPI:
         if launch is None:
             launch = make()
             if len(cache) >= _LAUNCHES_KEPT:
-                del cache[next(iter(cache))]
+                cache.clear()
             cache[key] = launch
         return launch
 

@@ -141,10 +141,10 @@ def test_a_kernel_reuses_its_launch_per_configuration():
     stream = object()
     assert k[4, 128, stream] is not k[4, 128, stream]  # streams are never kept alive
     first = k[1, 1]
-    for n in range(2, 2 + dg._launch._LAUNCHES_KEPT):
+    for n in range(2, 2 + 3 * dg._launch._LAUNCHES_KEPT):
         k[n, 1]
-    assert k[1, 1] is not first  # bounded: the oldest went first
-    assert len(k._launches) == dg._launch._LAUNCHES_KEPT
+        assert len(k._launches) <= dg._launch._LAUNCHES_KEPT  # bounded
+    assert k[1, 1] is not first  # dropped on the way
 
 
 @pytest.mark.parametrize("index", [1, (1,), (1, 2, 3, 4, 5)])
