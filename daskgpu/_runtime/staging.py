@@ -11,6 +11,7 @@ copies and transfers overlap. Slots come from a :class:`PinnedPool` bounded by
 from __future__ import annotations
 
 import threading
+import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 
@@ -107,7 +108,26 @@ class Stager:
     def __init__(self, pool: PinnedPool, threads: int, ring: int = 8):
         self.pool = pool
         self.ring = ring
-        self._executor = ThreadPoolExecutor(max(1, threads), thread_name_prefix="daskgpu-copy")
+        self.threads = max(1, threads)
+        self._executor = ThreadPoolExecutor(self.threads, thread_name_prefix="daskgpu-copy")
+        self._busy = 0.0
+        self._busy_lock = threading.Lock()
+
+    @property
+    def busy_seconds(self) -> float:
+        """Seconds the copy threads have spent copying, summed over the threads.
+
+        Against ``threads`` times a job's wall time it says whether host
+        copies bound the job (near 1) or the pipeline leaves them idle.
+        """
+        return self._busy
+
+    def _copy(self, dst: np.ndarray, src: np.ndarray) -> None:
+        t0 = time.perf_counter()
+        np.copyto(dst, src)
+        took = time.perf_counter() - t0
+        with self._busy_lock:  # += from several threads would lose updates
+            self._busy += took
 
     def _pieces(self, nbytes):
         step = self.pool.slot_bytes
@@ -130,7 +150,7 @@ class Stager:
                     self._send(pending.popleft(), dptr, stream)
                 # The slot's previous piece must have left it before it is refilled.
                 check(driver.cuEventSynchronize(slot.event), "cuEventSynchronize")
-                job = self._executor.submit(np.copyto, slot.array[:size], src[off:off + size])
+                job = self._executor.submit(self._copy, slot.array[:size], src[off:off + size])
                 pending.append((job, slot, off, size))
             while pending:
                 self._send(pending.popleft(), dptr, stream)
@@ -162,13 +182,12 @@ class Stager:
                       "cuMemcpyDtoHAsync")
                 check(driver.cuEventRecord(slot.event, stream), "cuEventRecord")
                 pending.append(self._executor.submit(
-                    _drain, slot, dst[off:off + size], size))
+                    self._drain, slot, dst[off:off + size], size))
             while pending:
                 pending.popleft().result()
         finally:
             self.pool.release(slots)
 
-
-def _drain(slot, dst, size):
-    check(driver.cuEventSynchronize(slot.event), "cuEventSynchronize")
-    np.copyto(dst, slot.array[:size])
+    def _drain(self, slot, dst, size):
+        check(driver.cuEventSynchronize(slot.event), "cuEventSynchronize")
+        self._copy(dst, slot.array[:size])

@@ -1,0 +1,31 @@
+"""The copy pipeline's bookkeeping, without a GPU (its transfers are in test_staging_gpu.py)."""
+
+import threading
+
+import numpy as np
+import pytest
+
+from daskgpu._runtime.staging import PinnedPool, Stager
+
+
+def test_copy_threads_account_their_busy_time_from_several_threads():
+    stager = Stager(PinnedPool(1 << 20, 1 << 20), threads=4)  # no slot is allocated here
+    src = np.arange(1 << 20, dtype=np.uint8)
+    dsts = [np.empty_like(src) for _ in range(8)]
+    workers = [threading.Thread(target=stager._copy, args=(d, src)) for d in dsts]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    for d in dsts:
+        np.testing.assert_array_equal(d, src)
+    assert stager.threads == 4
+    assert stager.busy_seconds > 0
+    before = stager.busy_seconds
+    stager._copy(dsts[0], src)
+    assert stager.busy_seconds > before
+
+
+@pytest.mark.parametrize("threads", [0, -3])
+def test_at_least_one_copy_thread(threads):
+    assert Stager(PinnedPool(1 << 20, 1 << 20), threads=threads).threads == 1
