@@ -236,9 +236,9 @@ class _ChunkLaunch:
 
     def __call__(self, *values, block_id):
         block = tuple(c[b] for c, b in zip(self.chunks, block_id))
-        chunks = [v for (kind, _, _), v in zip(self._taking(), values) if kind == CHUNK]
-        xp = _array_module(self.cupy or any(_is_cupy(v) for v in chunks))
-        shape = np.broadcast_shapes(block, *(v.shape for v in chunks))
+        inputs = [v for (kind, _, _), v in zip(self._taking(), values) if kind == CHUNK]
+        xp = _array_module(self.cupy or any(_is_cupy(v) for v in inputs))
+        shape = np.broadcast_shapes(block, *(v.shape for v in inputs))
         offsets = self.offsets(block_id)
         args, it = [], iter(values)
         for kind, a, b in self.params:
