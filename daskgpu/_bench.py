@@ -427,13 +427,8 @@ def bench_host_copies(chunk_bytes: int = 64 << 20, repeat: int = 5) -> list:
                       range(0, chunk_bytes, step)))
 
     def best(fn):
-        fn()
-        times = []
-        for _ in range(repeat):
-            t0 = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - t0)
-        return times
+        fn()  # warm: first-touch of the buffers, the pool's threads
+        return _timed(fn, repeat)
 
     def dma():
         check(driver.cuMemcpyHtoDAsync(dev, pinned.ptr, chunk_bytes, 0), "cuMemcpyHtoDAsync")

@@ -343,11 +343,9 @@ class DeviceLaunch:
         self.state, self.kernel = state, kernel
         self.function, self.layout = kernel.function, kernel.layout
         self.dims = (*griddim, *blockdim, sharedmem)
-        # Per parameter: an array's (dtype, ndim, layout, 1-D contiguous), or
-        # the scalar's spec. The 1-D case, the common one, is checked inline.
+        # Per parameter: an array's (dtype, ndim, layout), or the scalar's spec.
         self.checks = tuple(
-            (spec.np_dtype, spec.ndim, spec.layout, spec.ndim == 1 and spec.layout != "A")
-            if spec.is_array else spec
+            (spec.np_dtype, spec.ndim, spec.layout) if spec.is_array else spec
             for spec in image.args
         )
         self.writes, self.name = image.writes, image.name
@@ -363,14 +361,11 @@ class DeviceLaunch:
                 if info is None or info[3] is None:
                     return MISS
                 dtype, shape, strides, ptr = info
-                want, ndim, layout, flat = check
+                want, ndim, layout = check
                 itemsize = want.itemsize
-                if (dtype is not want and dtype != want) or len(shape) != ndim:
-                    return MISS
-                if flat:
-                    if strides[0] != itemsize and shape[0] > 1:
-                        return MISS
-                elif layout != "A" and not _has_layout(shape, strides, itemsize, layout):
+                if (dtype is not want and dtype != want) or len(shape) != ndim or not (
+                    layout == "A" or _has_layout(shape, strides, itemsize, layout)
+                ):
                     return MISS
                 values += (0, 0, math.prod(shape), itemsize, ptr, *shape, *strides)
             elif check.matches(None, value):
