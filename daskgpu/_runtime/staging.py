@@ -6,6 +6,10 @@ Large copies here are cut into pieces that several threads copy into a ring of
 pinned slots while the DMA engine drains the slots already filled, so CPU
 copies and transfers overlap. Slots come from a :class:`PinnedPool` bounded by
 ``daskgpu.pinned-pool-bytes``; nothing is allocated per launch.
+
+A slot goes back to the pool as soon as its transfer is queued, with the event
+of that transfer: whoever takes it next waits for the event before touching
+it, so a launch's next input starts while the last one is still in flight.
 """
 
 from __future__ import annotations
@@ -13,12 +17,13 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 
 import numpy as np
 from cuda.bindings import driver
 
 from daskgpu._runtime._cuda import check
+
 
 
 class PinnedSlot:
@@ -27,7 +32,8 @@ class PinnedSlot:
     __slots__ = ("ptr", "nbytes", "array", "event")
 
     def __init__(self, nbytes: int):
-        self.ptr = check(driver.cuMemHostAlloc(nbytes, 0), "cuMemHostAlloc")
+        self.ptr = check(driver.cuMemHostAlloc(nbytes, driver.CU_MEMHOSTALLOC_PORTABLE),
+                         "cuMemHostAlloc")
         self.nbytes = nbytes
         self.array = np.ctypeslib.as_array(_byte_pointer(self.ptr), shape=(nbytes,))
         self.event = check(
@@ -35,6 +41,7 @@ class PinnedSlot:
         )
 
     def free(self):
+        driver.cuEventSynchronize(self.event)  # its last transfer may still read it
         driver.cuEventDestroy(self.event)
         driver.cuMemFreeHost(self.ptr)
 
@@ -137,7 +144,8 @@ class Stager:
         """Queue a copy of contiguous ``host`` to ``dptr`` on ``stream``.
 
         Returns once every byte has left ``host`` (it sits in pinned slots or on
-        the device); the device side completes in stream order.
+        the device), without waiting for the last transfers; the device side
+        completes in stream order.
         """
         src = host.ravel(order="K").view(np.uint8)  # a view: host is contiguous
         pieces = self._pieces(src.nbytes)
@@ -154,9 +162,9 @@ class Stager:
                 pending.append((job, slot, off, size))
             while pending:
                 self._send(pending.popleft(), dptr, stream)
-            for slot in slots:
-                check(driver.cuEventSynchronize(slot.event), "cuEventSynchronize")
         finally:
+            # After an error, copies still filling slots must end before others reuse them.
+            wait([job for job, *_ in pending])
             self.pool.release(slots)
 
     @staticmethod
@@ -178,6 +186,8 @@ class Stager:
                 slot = slots[k % len(slots)]
                 if len(pending) == len(slots):
                     pending.popleft().result()  # the slot's previous piece is copied out
+                # A transfer queued by the slot's last user may still be reading it.
+                check(driver.cuStreamWaitEvent(stream, slot.event, 0), "cuStreamWaitEvent")
                 check(driver.cuMemcpyDtoHAsync(slot.ptr, int(dptr) + off, size, stream),
                       "cuMemcpyDtoHAsync")
                 check(driver.cuEventRecord(slot.event, stream), "cuEventRecord")
