@@ -25,7 +25,6 @@ from cuda.bindings import driver
 from daskgpu._runtime._cuda import check
 
 
-
 class PinnedSlot:
     """One page-locked host buffer and the event of its last transfer."""
 
