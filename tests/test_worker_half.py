@@ -27,12 +27,12 @@ def saxpy(out, a, x, y):
 
 
 WORKER = textwrap.dedent("""
-    import json, pickle, sys
+    import importlib, json, pickle, pkgutil, sys
     sys.modules["numba"] = None  # before any import: numba cannot be imported
 
-    import daskgpu, daskgpu._launch, daskgpu._image, daskgpu._argspec
-    import daskgpu._runtime.marshal, daskgpu._runtime.cache, daskgpu._runtime.linking
-    import daskgpu._runtime.launcher, daskgpu._runtime.device
+    import daskgpu, daskgpu._launch, daskgpu._image, daskgpu._argspec, daskgpu._runtime
+    for module in pkgutil.iter_modules(daskgpu._runtime.__path__):  # every one, new ones too
+        importlib.import_module(f"daskgpu._runtime.{module.name}")
     from daskgpu._runtime.marshal import ParamLayout
 
     launch = pickle.loads(sys.stdin.buffer.read())
