@@ -87,18 +87,12 @@ def test_device_memory_is_flat_over_many_launches():
     assert used() - before <= 64 << 20
 
 
-@dg.jit("void(float32[::1], float32[::1], float32[::1])")
-def add(out, x, y):
-    i = cuda.grid(1)
-    if i < out.size:
-        out[i] = x[i] + y[i]
-
-
-
 def test_launches_from_threads_at_once_share_slots_safely():
     # Slots go back to the pool while their transfers are in flight; every
     # other launch must wait for those before refilling a slot.
     from concurrent.futures import ThreadPoolExecutor
+
+    from daskgpu._bench_kernels import add
 
     n = (64 << 20) // 4 + 999
     xs = [np.random.default_rng(k).random(n, dtype=np.float32) for k in range(4)]
