@@ -111,7 +111,9 @@ class Zeroed:
     as zeros instead of being copied in; it is copied back when written.
 
     ``map_kernel`` wraps the outputs it allocates in this, saving one copy of
-    every output chunk to the GPU.
+    every output chunk to the GPU. A GPU launch may replace ``array`` with a
+    page-locked array of the same shape, dtype and layout, which comes back
+    from the GPU without a host copy: read the result from ``array`` after.
     """
 
     __slots__ = ("array",)

@@ -177,7 +177,8 @@ class _HostStaging:
     pipeline of :class:`~daskgpu._runtime.staging.Stager`; smaller ones are
     copied directly, where a pipeline's set-up would cost more than it saves.
     (Page-locking inputs in place instead measured 25% slower on the H200
-    host: 0.19-0.21 s against 0.15-0.17 s for the map-host bench.) Arrays
+    host: 0.19-0.21 s against 0.15-0.17 s for the map-host bench; locking
+    inner pieces on one more thread beside the copy threads, 13% slower.) Arrays
     already page-locked, such as the outputs made here, are copied directly
     at DMA speed, and large fresh outputs are given page-locked memory from
     :func:`pinned_outputs`.
