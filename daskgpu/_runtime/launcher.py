@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import math
+import threading
 
 import numpy as np
 from cuda.bindings import driver
@@ -273,14 +274,34 @@ def out_of_memory_message(nbytes: int, staged: int, free: int, total: int) -> st
     )
 
 
-@functools.cache
+def _one_per_process(make):
+    """``make()`` once, also when several threads ask first at the same moment.
+
+    ``functools.cache`` would let each of them make its own, and a second
+    copy pipeline or output pool would hold page-locked memory past its bound.
+    """
+    made = []
+    lock = threading.Lock()
+
+    @functools.wraps(make)
+    def get():
+        if not made:
+            with lock:
+                if not made:
+                    made.append(make())
+        return made[0]
+
+    return get
+
+
+@_one_per_process
 def stager() -> Stager:
     """The process's pinned copy pipeline, made on first large host copy."""
     pool = PinnedPool(int(_config.get("pinned-slot-bytes")), int(_config.get("pinned-pool-bytes")))
     return Stager(pool, threads=int(_config.get("copy-threads")))
 
 
-@functools.cache
+@_one_per_process
 def pinned_outputs() -> PinnedArrays:
     """The process's recycled page-locked memory for large fresh outputs."""
     return PinnedArrays(int(_config.get("pinned-output-bytes")))
