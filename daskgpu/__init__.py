@@ -23,8 +23,8 @@ from daskgpu._errors import (
     PicklingError,
     PTXVersionError,
 )
-from daskgpu._image import KernelImage
-from daskgpu._launch import Launch, LaunchConfig, PTXKernel
+from daskgpu._image.image import KernelImage
+from daskgpu._runtime.launch import Launch, LaunchConfig, PTXKernel
 
 __version__ = "0.1.0"
 
@@ -34,20 +34,20 @@ if "dask" in _sys.modules:  # else registered on first use, keeping bare workers
 # Public names served lazily from their modules (PEP 562), so that importing the
 # package costs neither numba (client half) nor distributed (cluster half).
 _LAZY = {
-    "Kernel": "daskgpu._kernel",
-    "jit": "daskgpu._kernel",
-    "kernel": "daskgpu._kernel",
-    "map_kernel": "daskgpu._mapping",
-    "Out": "daskgpu._mapping",
-    "offset": "daskgpu._mapping",
-    "LocalGPUCluster": "daskgpu._cluster",
-    "GPUWorkerPlugin": "daskgpu._plugin",
-    "device_info": "daskgpu._plugin",
-    "save": "daskgpu._bundle",
-    "load": "daskgpu._bundle",
-    "run_batch": "daskgpu._batch",
-    "BatchReport": "daskgpu._batch",
-    "BatchError": "daskgpu._batch",
+    "Kernel": "daskgpu._compiler.kernel",
+    "jit": "daskgpu._compiler.kernel",
+    "kernel": "daskgpu._compiler.kernel",
+    "map_kernel": "daskgpu._dask.mapping",
+    "Out": "daskgpu._dask.mapping",
+    "offset": "daskgpu._dask.mapping",
+    "LocalGPUCluster": "daskgpu._dask.cluster",
+    "GPUWorkerPlugin": "daskgpu._dask.plugin",
+    "device_info": "daskgpu._dask.plugin",
+    "save": "daskgpu._runtime.bundle",
+    "load": "daskgpu._runtime.bundle",
+    "run_batch": "daskgpu._dask.batch",
+    "BatchReport": "daskgpu._dask.batch",
+    "BatchError": "daskgpu._dask.batch",
 }
 
 
@@ -61,7 +61,7 @@ def __getattr__(name):
 
 
 def __dir__():
-    # Submodules (daskgpu.cli, once imported) are not part of the API.
+    # Submodules (daskgpu._cli.main, once imported) are not part of the API.
     names = {n for n, v in globals().items() if not isinstance(v, type(_sys))}
     return sorted(names | set(_LAZY))
 

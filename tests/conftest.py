@@ -5,16 +5,9 @@ import pytest
 
 @functools.cache
 def gpu_available() -> bool:
-    try:
-        from cuda.bindings import driver
+    from daskgpu._runtime._cuda import device_count
 
-        err, = driver.cuInit(0)
-        if err != driver.CUresult.CUDA_SUCCESS:
-            return False
-        err, n = driver.cuDeviceGetCount()
-        return err == driver.CUresult.CUDA_SUCCESS and n > 0
-    except Exception:
-        return False
+    return device_count()[0] > 0
 
 
 def pytest_collection_modifyitems(config, items):

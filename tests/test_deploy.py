@@ -13,7 +13,8 @@ import textwrap
 import pytest
 import yaml
 
-from daskgpu.cli import UsageError, build_parser
+from daskgpu._cli.common import UsageError
+from daskgpu._cli.main import build_parser
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 DEPLOY = REPO / "deploy"
@@ -317,10 +318,11 @@ def test_daskcluster_worker_finds_the_scheduler_from_the_operator_env(daskcluste
     argv = daskgpu_argv(_argv(worker.get("command")) + _argv(worker["args"]))
     script = textwrap.dedent("""
         import json, sys
-        from daskgpu.cli import build_parser, worker_specs
+        from daskgpu._cli.main import build_parser
+        from daskgpu._cli.workers import nanny_options
         ns = build_parser().parse_args(json.loads(sys.argv[1])[1:])
-        (spec,) = worker_specs(ns.scheduler, scheduler_file=ns.scheduler_file, devices=["0"],
-                               name=ns.name, nthreads=ns.nthreads)
+        (spec,) = nanny_options(ns.scheduler, scheduler_file=ns.scheduler_file, devices=["0"],
+                                name=ns.name, nthreads=ns.nthreads)
         print(json.dumps([spec["scheduler_ip"], spec["name"], spec["resources"]]))
     """)
     env = dict(os.environ, DASK_SCHEDULER_ADDRESS="tcp://daskgpu-scheduler:8786")

@@ -60,7 +60,7 @@ def test_batch_map(cluster):
 
 
 def test_demo_run_on_a_given_cluster(cluster, capsys):
-    from daskgpu import _demo
+    from daskgpu._cli import demo as _demo
 
     summary = _demo.run(size=1_000, cluster=cluster)
     assert summary["ok"] and summary["simulated"]
@@ -73,7 +73,7 @@ def test_demo_run_on_a_given_cluster(cluster, capsys):
 
 
 def test_demo_main_starts_its_own_cluster(capsys):
-    from daskgpu import _demo
+    from daskgpu._cli import demo as _demo
 
     assert _demo.main(["--size", "1000", "--simulate"]) == 0
     out = capsys.readouterr().out
@@ -81,7 +81,7 @@ def test_demo_main_starts_its_own_cluster(capsys):
 
 
 def test_demo_refuses_a_contradictory_simulate(cluster):
-    from daskgpu import _demo
+    from daskgpu._cli import demo as _demo
 
     with pytest.raises(ValueError, match="leave simulate=None"):
         _demo.run(size=100, simulate=False, cluster=cluster)

@@ -77,16 +77,17 @@ def test_lazy_names_load_their_module_on_first_use():
     out = run_python("""
         import sys
         import daskgpu
-        before = "daskgpu._kernel" in sys.modules, "numba" in sys.modules
+        before = "daskgpu._compiler.kernel" in sys.modules, "numba" in sys.modules
         daskgpu.jit
-        after = "daskgpu._kernel" in sys.modules, "numba" in sys.modules
+        after = "daskgpu._compiler.kernel" in sys.modules, "numba" in sys.modules
         print(before, after)
     """)
     assert out == "(False, False) (True, True)"
 
 
 def test_private_modules_are_modules():
-    for name in ("_argspec", "_image", "_launch", "_kernel", "_simulate", "_errors", "_config"):
+    for name in ("_image.argspec", "_image.image", "_image.config", "_runtime.launch",
+                 "_compiler.kernel", "_runtime.simulator", "_errors", "_config", "_files"):
         assert isinstance(importlib.import_module(f"daskgpu.{name}"), types.ModuleType)
 
 

@@ -30,7 +30,7 @@ WORKER = textwrap.dedent("""
     import importlib, json, pickle, pkgutil, sys
     sys.modules["numba"] = None  # before any import: numba cannot be imported
 
-    import daskgpu, daskgpu._launch, daskgpu._image, daskgpu._argspec, daskgpu._runtime
+    import daskgpu, daskgpu._runtime.launch, daskgpu._image.image, daskgpu._image.argspec, daskgpu._runtime
     for module in pkgutil.iter_modules(daskgpu._runtime.__path__):  # every one, new ones too
         importlib.import_module(f"daskgpu._runtime.{module.name}")
     from daskgpu._runtime.marshal import ParamLayout

@@ -13,7 +13,8 @@ from daskgpu._compiler.analysis import analyse
 from daskgpu._compiler.signatures import to_argspec
 from daskgpu._compiler.target import compiling_for
 from daskgpu._errors import CompileError
-from daskgpu._image import KernelImage, LinkInput
+from daskgpu._image.image import KernelImage, LinkInput
+from daskgpu._image.ptx import ptx_isa_version
 
 
 def parse_cc(cc) -> tuple:
@@ -163,12 +164,12 @@ def _exception_table(call_helper) -> tuple:
 def _versions(ptx: str) -> tuple:
     import numba_cuda
 
-    m = re.search(r"^\s*\.version\s+(\S+)", ptx, re.MULTILINE)
+    isa = ptx_isa_version(ptx)
     build = re.search(r"Cuda compilation tools, release (\S+?),", ptx)
     return (
         ("numba-cuda", numba_cuda.__version__),
         ("nvvm", build.group(1) if build else "unknown"),
-        ("ptx-isa", m.group(1) if m else "unknown"),
+        ("ptx-isa", "%d.%d" % isa if isa else "unknown"),
     )
 
 

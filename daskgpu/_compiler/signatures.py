@@ -6,8 +6,8 @@ import numpy as np
 from numba.cuda import types
 from numba.cuda.core import sigutils
 
-from daskgpu._argspec import ArgSpec, array_info, layout_of
 from daskgpu._errors import CompileError
+from daskgpu._image.argspec import ArgSpec, array_info, layout_of
 
 
 def normalize(sig) -> tuple:

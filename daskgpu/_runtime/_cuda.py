@@ -72,3 +72,27 @@ def nvjitlink_version() -> tuple | None:
         return tuple(nvjitlink.version())
     except Exception:
         return None
+
+
+def device_count() -> tuple:
+    """How many GPUs the driver shows this process, and why there are none.
+
+    Returns ``(count, reason)``; ``reason`` is empty when ``count > 0``. It
+    initialises the driver but creates no context, so it is safe to ask in a
+    process that will fork or spawn GPU workers. The one GPU probe of the
+    package: ``daskgpu info``, :class:`~daskgpu.LocalGPUCluster` and the
+    tests' ``gpu`` marker all ask it.
+    """
+    try:
+        err, = driver.cuInit(0)
+        if err == _SUCCESS:
+            err, count = driver.cuDeviceGetCount()
+    except Exception as exc:  # no libcuda: no driver installed
+        text = str(exc).strip().splitlines()
+        return 0, f"{type(exc).__name__}: {text[0] if text else ''}".strip()
+    if err != _SUCCESS:
+        name = driver.cuGetErrorName(err)[1]
+        return 0, f"the CUDA driver reports {name.decode() if isinstance(name, bytes) else err}"
+    if count == 0:
+        return 0, "the CUDA driver reports no device"
+    return count, ""

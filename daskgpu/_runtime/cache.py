@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import hashlib
 import os
-import tempfile
 import threading
 from collections import OrderedDict
+
+from daskgpu._files import atomic_write
 
 
 class ModuleCache:
@@ -91,14 +92,5 @@ class DiskCache:
 
     def store(self, image_hash, cc, versions, cubin: bytes) -> None:
         os.makedirs(self.directory, exist_ok=True)
-        target = self.path(image_hash, cc, versions)
-        # Write then rename, so a concurrent reader never sees half a cubin.
-        fd, tmp = tempfile.mkstemp(dir=self.directory, suffix=".tmp")
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(cubin)
-            os.replace(tmp, target)
-        except BaseException:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-            raise
+        # A concurrent reader sees the whole cubin or none.
+        atomic_write(self.path(image_hash, cc, versions), cubin)

@@ -11,13 +11,18 @@ from cuda.bindings import driver
 from cuda.core import ObjectCode
 
 from daskgpu import _config
-from daskgpu._argspec import _READERS, Zeroed, _has_layout
 from daskgpu._errors import DeviceError
-from daskgpu._launch import MISS
+from daskgpu._image.argspec import _READERS, Zeroed, _has_layout
 from daskgpu._runtime import device as _device
-from daskgpu._runtime._cuda import _SUCCESS, CUDAError, check, driver_version, nvjitlink_version
-from daskgpu._runtime.faults import device_exception, replace_worker_process
+from daskgpu._runtime._cuda import (
+    _SUCCESS,
+    CUDAError,
+    check,
+    driver_version,
+    nvjitlink_version,
+)
 from daskgpu._runtime.cache import DiskCache, ModuleCache
+from daskgpu._runtime.faults import device_exception, replace_worker_process
 from daskgpu._runtime.linking import link_cubin
 from daskgpu._runtime.marshal import ParamLayout, flatten
 from daskgpu._runtime.pinned_arrays import PinnedArrays, is_page_locked
@@ -195,7 +200,7 @@ class _HostStaging:
     def stage(self, arg, written: bool):
         """Copy host array ``arg`` to the device; return ``(ptr, shape, strides, itemsize)``.
 
-        A :class:`~daskgpu._argspec.Zeroed` output is zero-filled on the device
+        A :class:`~daskgpu._image.argspec.Zeroed` output is zero-filled on the device
         instead of copied.
         """
         fresh = type(arg) is Zeroed
@@ -378,7 +383,7 @@ class DeviceLaunch:
     and block) and does, in one pass over the arguments, only what depends on
     them: match each against its spec and pack its fields. Anything it does not
     cover (host arrays, another thread's device, arguments that do not match)
-    returns :data:`~daskgpu._launch.MISS`, and the caller takes the general path.
+    returns ``NotImplemented``, and the caller takes the general path.
     """
 
     __slots__ = ("state", "kernel", "function", "dims", "layout", "checks", "writes", "name")
@@ -398,26 +403,26 @@ class DeviceLaunch:
 
     def __call__(self, args):
         if len(args) != len(self.checks) or _device.current() is not self.state:
-            return MISS
+            return NotImplemented
         values = []
         for value, check in zip(args, self.checks):
             if type(check) is tuple:
-                reader = _READERS.get(type(value))  # numpy arrays are not in it: MISS
+                reader = _READERS.get(type(value))  # numpy arrays are not in it: a miss
                 info = reader(value) if reader is not None else None
                 if info is None or info[3] is None:
-                    return MISS
+                    return NotImplemented
                 dtype, shape, strides, ptr = info
                 want, ndim, layout = check
                 itemsize = want.itemsize
                 if (dtype is not want and dtype != want) or len(shape) != ndim or not (
                     layout == "A" or _has_layout(shape, strides, itemsize, layout)
                 ):
-                    return MISS
+                    return NotImplemented
                 values += (0, 0, math.prod(shape), itemsize, ptr, *shape, *strides)
             elif check.matches(None, value):
                 flatten(check, value, values)
             else:
-                return MISS
+                return NotImplemented
         err = _cuLaunchKernel(
             self.function, *self.dims, _DEFAULT_STREAM, self.layout.pack(values), 0
         )[0]

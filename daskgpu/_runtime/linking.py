@@ -2,47 +2,18 @@
 
 from __future__ import annotations
 
-import re
-
 from cuda.core import Linker, LinkerOptions, ObjectCode
 
 from daskgpu._errors import LinkError, PTXVersionError
+from daskgpu._image.ptx import max_ptx_isa, ptx_isa_version
 from daskgpu._runtime._cuda import driver_version, nvjitlink_version
-
-# The newest PTX ISA each CUDA release reads (CUDA release -> PTX ISA). Releases
-# missing here (12.7) read what the previous one did.
-_PTX_ISA_OF_CUDA = {
-    (11, 0): (7, 0), (11, 1): (7, 1), (11, 2): (7, 2), (11, 3): (7, 3),
-    (11, 4): (7, 4), (11, 5): (7, 5), (11, 6): (7, 6), (11, 7): (7, 7),
-    (11, 8): (7, 8), (12, 0): (8, 0), (12, 1): (8, 1), (12, 2): (8, 2),
-    (12, 3): (8, 3), (12, 4): (8, 4), (12, 5): (8, 5), (12, 6): (8, 5),
-    (12, 8): (8, 7), (12, 9): (8, 8), (13, 0): (9, 0), (13, 1): (9, 1),
-    (13, 2): (9, 2),
-}
-
-_VERSION_RE = re.compile(r"^\s*\.version\s+(\d+)\.(\d+)", re.MULTILINE)
-
-
-def ptx_isa_version(ptx: str) -> tuple:
-    """The ``.version`` directive of a PTX text as ``(major, minor)``."""
-    m = _VERSION_RE.search(ptx)
-    if m is None:
-        raise LinkError("the kernel's PTX has no '.version' directive; it is not PTX text")
-    return int(m.group(1)), int(m.group(2))
-
-
-def max_ptx_isa(cuda_version: tuple) -> tuple:
-    """The newest PTX ISA that a CUDA release (driver or nvJitLink) reads."""
-    if tuple(cuda_version) > max(_PTX_ISA_OF_CUDA):
-        # Newer than this table: refuse nothing rather than guess.
-        return (99, 0)
-    known = [v for v in _PTX_ISA_OF_CUDA if v <= tuple(cuda_version)]
-    return _PTX_ISA_OF_CUDA[max(known)] if known else (0, 0)
 
 
 def check_ptx_version(ptx: str, name: str) -> None:
     """Refuse PTX newer than the linker in use can read, naming both versions."""
     isa = ptx_isa_version(ptx)
+    if isa is None:
+        raise LinkError("the kernel's PTX has no '.version' directive; it is not PTX text")
     njl = nvjitlink_version()
     # nvJitLink compiles the PTX itself, so only its version matters (and no
     # driver is needed to ask it); without it the driver's own JIT does.

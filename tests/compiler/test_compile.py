@@ -8,9 +8,9 @@ from numba import cuda
 from numba.cuda import types
 
 import daskgpu as dg
-from daskgpu._argspec import ArgSpec
 from daskgpu._compiler.compile import CompileOptions, compile_image, parse_cc
-from daskgpu._image import KernelImage
+from daskgpu._image.argspec import ArgSpec
+from daskgpu._image.image import KernelImage
 
 # Read a setting with dask loaded, so daskgpu's defaults are registered before any
 # dask.config.set below (see test_public_api.py::test_config_set_keeps_the_defaults).

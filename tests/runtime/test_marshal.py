@@ -18,8 +18,8 @@ from numba.cuda.descriptor import cuda_target
 from numba.cuda.dispatcher import _Kernel
 
 import daskgpu as dg
-from daskgpu._argspec import SCALAR_DTYPES, ArgSpec
 from daskgpu._compiler.signatures import to_argspec
+from daskgpu._image.argspec import SCALAR_DTYPES, ArgSpec
 from daskgpu._runtime.marshal import ParamLayout, flatten, param_codes
 
 CTX = cuda_target.target_context

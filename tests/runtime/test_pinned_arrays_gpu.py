@@ -5,9 +5,13 @@ import pytest
 from numba import cuda
 
 import daskgpu as dg
-from daskgpu._argspec import Zeroed
+from daskgpu._image.argspec import Zeroed
 from daskgpu._runtime import launcher
-from daskgpu._runtime.pinned_arrays import PageLockedBuffer, PinnedArrays, is_page_locked
+from daskgpu._runtime.pinned_arrays import (
+    PageLockedBuffer,
+    PinnedArrays,
+    is_page_locked,
+)
 
 pytestmark = pytest.mark.gpu
 

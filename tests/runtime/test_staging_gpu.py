@@ -5,7 +5,7 @@ import pytest
 from numba import cuda
 
 import daskgpu as dg
-from daskgpu._argspec import Zeroed
+from daskgpu._image.argspec import Zeroed
 
 pytestmark = pytest.mark.gpu
 
@@ -92,7 +92,7 @@ def test_launches_from_threads_at_once_share_slots_safely():
     # other launch must wait for those before refilling a slot.
     from concurrent.futures import ThreadPoolExecutor
 
-    from daskgpu._bench_kernels import add
+    from daskgpu._cli.bench_kernels import add
 
     n = (64 << 20) // 4 + 999
     xs = [np.random.default_rng(k).random(n, dtype=np.float32) for k in range(4)]

@@ -1,0 +1,1 @@
+"""The ``daskgpu`` command line and its subcommands; nothing imports this package."""

@@ -1,0 +1,694 @@
+"""``daskgpu bench``: daskgpu against what a user would write by hand, side by side.
+
+Every figure is measured in the same run as its baseline, on the same data, and
+reported as a ratio; absolute times mean something only on the GPU machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import json
+import os
+import pickle
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+_COLD_DASKGPU = """
+import pickle, sys, time
+t0 = time.perf_counter()
+import numpy as np
+launch = pickle.loads(open(sys.argv[1], "rb").read())
+x = np.ones(1 << 20, np.float32)
+out = launch(np.empty_like(x), x, x)
+assert out[0] == 2.0
+print(time.perf_counter() - t0)
+"""
+
+_COLD_NUMBA = """
+import pickle, sys, time
+t0 = time.perf_counter()
+import numpy as np
+kernel = pickle.loads(open(sys.argv[1], "rb").read())
+x = np.ones(1 << 20, np.float32)
+out = np.empty_like(x)
+kernel[(x.size + 255) // 256, 256](out, x, x)
+assert out[0] == 2.0
+print(time.perf_counter() - t0)
+"""
+
+
+def _fresh_process(script: str, blob: bytes, env=None) -> float:
+    with tempfile.NamedTemporaryFile(suffix=".pkl", delete=False) as f:
+        f.write(blob)
+    try:
+        out = subprocess.run(
+            [sys.executable, "-c", script, f.name], capture_output=True, text=True,
+            env=env, check=False,
+        )
+        if out.returncode != 0:
+            raise RuntimeError(f"bench subprocess failed:\n{out.stderr}")
+        return float(out.stdout.strip().splitlines()[-1])
+    finally:
+        os.unlink(f.name)
+
+
+def bench_cold(repeat: int = 3) -> dict:
+    """Fresh process to first result: a pickled daskgpu launch vs a pickled Numba dispatcher."""
+    import cloudpickle
+
+    from daskgpu._cli import bench_kernels as k
+
+    launch_blob = pickle.dumps(k.add.forall(1 << 20))
+    numba_blob = cloudpickle.dumps(k.numba_add)
+    env = dict(os.environ)
+    # numba is importable in the daskgpu child, but must not be imported there.
+    dg = [_fresh_process(_COLD_DASKGPU, launch_blob, env) for _ in range(repeat)]
+    nb = [_fresh_process(_COLD_NUMBA, numba_blob, env) for _ in range(repeat)]
+    return _ratio("cold start, fresh process to first result", dg, nb, "s",
+                  "numba pickled dispatcher", goal=0.3)
+
+
+_ADD_CONSTANT = """
+def add_c(out, x, y):
+    i = cuda.grid(1)
+    if i < out.size:
+        out[i] = x[i] + y[i] + C
+"""
+
+
+def _add_constant(c: float):
+    """A new ``out = x + y + c`` kernel function; Numba freezes the global ``C`` into the code."""
+    from numba import cuda
+
+    # Globals, not a closure: the simulator swaps ``cuda`` in globals only.
+    namespace = {"__name__": __name__, "cuda": cuda, "C": c}
+    exec(_ADD_CONSTANT, namespace)
+    return namespace["add_c"]
+
+
+def _first_task_run(kernel, size: int) -> float:
+    """On a worker: launch ``kernel`` on new CuPy arrays of ``size`` float32; ``out[0]``."""
+    import cupy as cp
+
+    x = cp.ones(size, cp.float32)
+    out = cp.empty_like(x)
+    kernel[(size + 255) // 256, 256](out, x, x)
+    return float(out[0])  # copies back, so the launch has finished
+
+
+def _prepare_worker(size: int) -> None:
+    """On a started worker: what a user's first task finds ready on both sides.
+
+    The worker plugin has imported daskgpu's runtime and made the GPU current;
+    here Numba's CUDA target and CuPy get the same, so that the first timed
+    task measures linking (daskgpu) against compiling (Numba) alone.
+    """
+    import cupy as cp
+    from numba import cuda
+
+    cuda.current_context()
+    cp.empty_like(cp.ones(size, cp.float32))
+    cp.cuda.Device().synchronize()
+
+
+def bench_first_task(repeat: int = 3, size: int = 1024) -> list:
+    """First task of a kernel on a started worker: daskgpu links PTX, Numba compiles."""
+    import itertools
+    import random
+
+    from numba import cuda
+
+    import daskgpu as dg
+    from daskgpu._cli import bench_kernels as k
+
+    # Every kernel bakes in its own constant, so its PTX, image hash and
+    # dispatcher are new: no module cache, disk cache (cache-dir, were it on)
+    # or Numba dispatcher can serve it. The random start keeps a disk cache
+    # left by an earlier run from matching too.
+    constants = itertools.count(random.randrange(1 << 20))
+
+    def ours():
+        c = float(next(constants))  # integers below 2**24 add exactly in float32
+        return dg.jit(k.ADD_SIG)(_add_constant(c)), c  # compiled here, untimed
+
+    def numba():
+        c = float(next(constants))
+        return cuda.jit(_add_constant(c)), c  # compiles on the worker, on first call
+
+    def first_task(client, kernel, c):
+        t0 = time.perf_counter()
+        value = client.submit(_first_task_run, kernel, size, pure=False).result(timeout=300)
+        seconds = time.perf_counter() - t0
+        assert value == 2.0 + c, (value, c)
+        return seconds
+
+    def on_new_cluster(kernel, c):
+        # A new cluster, not client.restart(): its workers are as fresh, and
+        # its cost stays out of the timing either way.
+        from distributed import Client
+
+        from daskgpu._dask.cluster import LocalGPUCluster
+
+        with LocalGPUCluster(threads_per_worker=_Cluster.threads_per_worker,
+                             dashboard_address=None) as cluster, \
+                Client(cluster, set_as_default=False) as fresh:
+            fresh.run(_prepare_worker, size)
+            return first_task(fresh, kernel, c)
+
+    # On a started worker: its first link against Numba's first compile.
+    cold_dg, cold_nb = [], []
+    for _ in range(repeat):
+        cold_dg.append(on_new_cluster(*ours()))
+        cold_nb.append(on_new_cluster(*numba()))
+    # On workers that have linked and compiled before: each further new kernel.
+    client = _Cluster.get()
+    client.run(_prepare_worker, size)
+    client.run(_first_task_run, ours()[0], size)
+    client.run(_first_task_run, numba()[0], size)
+    dg_t, nb_t = [], []
+    for _ in range(repeat):  # interleaved, so drift on the worker hits both alike
+        dg_t.append(first_task(client, *ours()))
+        nb_t.append(first_task(client, *numba()))
+    return [
+        _ratio(f"first task on a started worker ({size} float32)", cold_dg, cold_nb, "ms",
+               "the first task of a Numba dispatcher there (compiles)", goal=0.05, scale=1e3),
+        _ratio("  then: first task of each further new kernel", dg_t, nb_t, "ms",
+               "a new Numba dispatcher, compiled in that task", scale=1e3),
+    ]
+
+
+def _sync():
+    from cuda.bindings import driver
+
+    driver.cuCtxSynchronize()
+
+
+def bench_launch(n: int = 20000, size: int = 1024) -> dict:
+    """Warm host time per launch on device arrays: daskgpu vs a Numba dispatcher."""
+    import cupy as cp
+
+    from daskgpu._cli import bench_kernels as k
+
+    x = cp.ones(size, cp.float32)
+    out = cp.empty_like(x)
+    blocks = (size + 255) // 256
+    dg_launch = k.add[blocks, 256]
+    nb_launch = k.numba_add[blocks, 256]
+
+    def per_launch(fn):
+        for _ in range(100):
+            fn(out, x, x)
+        _sync()
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn(out, x, x)
+        _sync()
+        return (time.perf_counter() - t0) / n
+
+    dg = [per_launch(dg_launch) for _ in range(3)]
+    nb = [per_launch(nb_launch) for _ in range(3)]
+    assert float(out[0]) == 2.0
+    return _ratio(f"warm host overhead per launch ({size} elements, device arrays)",
+                  dg, nb, "us", "numba dispatcher launch", goal=0.3, scale=1e6)
+
+
+class _Cluster:
+    """One LocalGPUCluster and Client shared by the Dask sections of a run."""
+
+    client = None
+    threads_per_worker = 2  # --threads-per-worker
+
+    @classmethod
+    def get(cls):
+        if cls.client is None:
+            from distributed import Client
+
+            from daskgpu._dask.cluster import LocalGPUCluster
+
+            cls.client = Client(LocalGPUCluster(threads_per_worker=cls.threads_per_worker,
+                                                dashboard_address=None))
+        return cls.client
+
+
+def _wait_persisted(arr):
+    from distributed import wait
+
+    arr = arr.persist()
+    wait(arr)
+    return arr
+
+
+def _timed(fn, repeat=3):
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return times
+
+
+def bench_submit(n: int = 200, size: int = 1024) -> dict:
+    """Per-task round trip of ``client.submit(launch, ...)`` vs a plain Dask task."""
+    from daskgpu._cli import bench_kernels as k
+
+    client = _Cluster.get()
+    x = np.ones(size, np.float32)
+    launch = k.add.forall(size)
+
+    def plain(out, a, b):
+        np.add(a, b, out=out)
+        return out
+
+    def loop(fn):
+        for _ in range(n):
+            client.submit(fn, np.empty_like(x), x, x, pure=False).result()
+
+    loop(launch), loop(plain)  # warm: imports, link
+    dg = [t / n for t in _timed(lambda: loop(launch))]
+    base = [t / n for t in _timed(lambda: loop(plain))]
+    return _ratio(f"client.submit round trip per task ({size} float32)", dg, base, "ms",
+                  "plain Dask task moving the same arrays", goal=1.2, scale=1e3)
+
+
+def _numba_chunk(x, y):
+    # What a user writes by hand: map_blocks calling a Numba kernel per chunk.
+    from daskgpu._cli import bench_kernels as k
+
+    out = np.empty_like(x)  # CuPy chunks get a CuPy array (NEP 18)
+    k.numba_saxpy[(x.size + 255) // 256, 256](out, np.float32(2.0), x, y)
+    return out
+
+
+def _noop_chunk(x, *rest):
+    # Dask's own per-chunk cost: a task that does nothing but hand back its chunk.
+    return x
+
+
+def _unique(prefix: str) -> str:
+    # Each timed run gets fresh keys: equal keys would be served from the
+    # results of the previous run still held by the cluster.
+    import uuid
+
+    return f"{prefix}-{uuid.uuid4().hex}"
+
+
+def host_copy_counters() -> np.ndarray:
+    """On a worker: seconds its copy threads have spent copying, per thread, and
+    the page-locked output buffers it has made."""
+    from daskgpu._runtime.launcher import pinned_outputs, stager
+
+    pipeline = stager()
+    return np.array([pipeline.busy_seconds / pipeline.threads, pinned_outputs().made])
+
+
+def _host_inputs(size_bytes: int, chunk_bytes: int):
+    import dask.array as da
+
+    n, c = size_bytes // 4, chunk_bytes // 4
+    rng = da.random.default_rng(0)
+    x = _wait_persisted(rng.random(n, dtype=np.float32, chunks=c))
+    y = _wait_persisted(rng.random(n, dtype=np.float32, chunks=c))
+    return x, y
+
+
+def pinned_copy_seconds(nbytes_in: int, nbytes_out: int) -> float:
+    """Seconds the pinned copy limit allows for these bytes, measured on this GPU."""
+    from cuda.bindings import driver
+
+    from daskgpu._runtime import device
+    from daskgpu._runtime._cuda import check
+
+    device.current()
+    size = 256 << 20
+    host = check(driver.cuMemHostAlloc(size, 0), "cuMemHostAlloc")
+    dev = check(driver.cuMemAlloc(size), "cuMemAlloc")
+    try:
+        def rate(copy):
+            copy()
+            check(driver.cuCtxSynchronize(), "sync")
+            t0 = time.perf_counter()
+            for _ in range(8):
+                copy()
+            check(driver.cuCtxSynchronize(), "sync")
+            return 8 * size / (time.perf_counter() - t0)
+
+        h2d = rate(lambda: driver.cuMemcpyHtoDAsync(dev, host, size, 0))
+        d2h = rate(lambda: driver.cuMemcpyDtoHAsync(host, dev, size, 0))
+        return nbytes_in / h2d + nbytes_out / d2h
+    finally:
+        driver.cuMemFree(dev)
+        driver.cuMemFreeHost(host)
+
+
+def bench_map_host(size_bytes: int = 1 << 30, chunk_bytes: int = 64 << 20) -> list:
+    """``map_kernel`` on host-resident chunks vs ``map_blocks`` + Numba and the pinned limit."""
+    import dask.array as da
+
+    import daskgpu as dg
+    from daskgpu._cli import bench_kernels as k
+
+    client = _Cluster.get()
+    x, y = _host_inputs(size_bytes, chunk_bytes)
+
+    def ours():
+        out = dg.map_kernel(k.saxpy, dg.Out(np.float32, like=x), np.float32(2.0), x, y,
+                            name=_unique("saxpy"))
+        return _wait_persisted(out)
+
+    def baseline():
+        return _wait_persisted(
+            da.map_blocks(_numba_chunk, x, y, dtype=np.float32, name=_unique("numba")))
+
+    ours(), baseline()  # warm: links, Numba compiles once per worker
+    before = client.run(host_copy_counters)
+    dg_t = _timed(ours)
+    after = client.run(host_copy_counters)
+    busy, made = np.array([after[w] - before[w] for w in after]).T
+    nb_t = _timed(baseline)
+    check = ours()[:1000].compute()
+    np.testing.assert_allclose(check, 2 * x[:1000].compute() + y[:1000].compute(), rtol=1e-6)
+    limit = client.submit(pinned_copy_seconds, 2 * size_bytes, size_bytes, pure=False).result()
+    what = f"map_kernel saxpy, 3 x {size_bytes >> 20} MiB host chunks of {chunk_bytes >> 20} MiB"
+    chunks = len(dg_t) * x.npartitions
+    return [
+        _ratio(what, dg_t, nb_t, "s", "da.map_blocks + Numba kernel per chunk"),
+        _ratio(what, dg_t, [limit], "s", "pinned H2D+D2H copy limit of these bytes",
+               goal=1 / 0.8),
+        # Near 1, host copies bound the map; well below, the pipeline leaves
+        # the copy threads idle.
+        _ratio("  copy threads' busy time, per thread, during those runs", [max(busy)],
+               [sum(dg_t)], "s", "the runs' wall time"),
+        # Near 0, output chunks reuse page-locked buffers freed by earlier runs.
+        _ratio("  page-locked output buffers made during those runs", [sum(made)], [chunks],
+               "", "output chunks written"),
+    ]
+
+
+def bench_host_copies(chunk_bytes: int = 64 << 20, repeat: int = 5) -> list:
+    """What one host chunk costs on the host side, against the DMA the GPU needs for it.
+
+    Pageable numpy chunks are copied into pinned memory by ``daskgpu.copy-threads``
+    threads; outputs get page-locked buffers, recycled, instead of fresh pageable
+    pages. These rows show how much of map-host's distance to the pinned-copy
+    limit is the host's own, and what the recycling saves.
+    """
+    from concurrent.futures import ThreadPoolExecutor
+
+    from cuda.bindings import driver
+
+    from daskgpu import _config
+    from daskgpu._runtime import device
+    from daskgpu._runtime._cuda import check
+    from daskgpu._runtime.pinned_arrays import PageLockedBuffer
+    from daskgpu._runtime.staging import PinnedSlot
+
+    device.current()
+    threads = int(_config.get("copy-threads"))
+    src = np.random.default_rng(0).integers(0, 255, chunk_bytes, dtype=np.uint8)
+    pinned = PinnedSlot(chunk_bytes)
+    dev = check(driver.cuMemAlloc(chunk_bytes), "cuMemAlloc")
+    pool = ThreadPoolExecutor(threads)
+    step = -(-chunk_bytes // threads)
+
+    def parallel_copy(dst):
+        list(pool.map(lambda o: np.copyto(dst[o:o + step], src[o:o + step]),
+                      range(0, chunk_bytes, step)))
+
+    def best(fn):
+        fn()  # warm: first-touch of the buffers, the pool's threads
+        return _timed(fn, repeat)
+
+    def dma():
+        check(driver.cuMemcpyHtoDAsync(dev, pinned.ptr, chunk_bytes, 0), "cuMemcpyHtoDAsync")
+        check(driver.cuCtxSynchronize(), "cuCtxSynchronize")
+
+    def lock_in_place():
+        check(driver.cuMemHostRegister(src.ctypes.data, chunk_bytes, 0), "cuMemHostRegister")
+        check(driver.cuMemHostUnregister(src.ctypes.data), "cuMemHostUnregister")
+
+    def host_alloc():
+        driver.cuMemFreeHost(check(driver.cuMemHostAlloc(chunk_bytes, 0), "cuMemHostAlloc"))
+
+    reused = np.empty_like(src)
+    try:
+        to_pinned = best(lambda: parallel_copy(pinned.array))
+        rows = [
+            _ratio(f"copying a {chunk_bytes >> 20} MiB chunk into pinned memory, "
+                   f"{threads} threads", to_pinned, best(dma), "ms",
+                   "the DMA of that pinned chunk to the GPU", scale=1e3),
+            _ratio(f"writing a {chunk_bytes >> 20} MiB output into fresh pages, {threads} threads",
+                   best(lambda: parallel_copy(np.empty_like(src))),
+                   best(lambda: parallel_copy(reused)), "ms",
+                   "the same into pages written before", scale=1e3),
+            _ratio(f"page-locking a {chunk_bytes >> 20} MiB chunk in place and unlocking it",
+                   best(lock_in_place), to_pinned, "ms",
+                   "copying it into pinned memory (as daskgpu does)", scale=1e3),
+            _ratio(f"making a page-locked {chunk_bytes >> 20} MiB output buffer and freeing it",
+                   best(lambda: PageLockedBuffer(chunk_bytes).free()), best(host_alloc), "ms",
+                   "cuMemHostAlloc and cuMemFreeHost", scale=1e3),
+        ]
+    finally:
+        pool.shutdown()
+        driver.cuMemFree(dev)
+        pinned.free()
+    return rows
+
+
+def bench_map_device(size_bytes: int = 1 << 30, chunk_bytes: int = 64 << 20) -> dict:
+    """``map_kernel`` on CuPy chunks vs ``map_blocks`` + Numba, and a no-op, on the same chunks."""
+    import cupy as cp
+    import dask.array as da
+
+    import daskgpu as dg
+    from daskgpu._cli import bench_kernels as k
+
+    _Cluster.get()
+    x, y = _host_inputs(size_bytes, chunk_bytes)
+    xg = _wait_persisted(x.map_blocks(cp.asarray))
+    yg = _wait_persisted(y.map_blocks(cp.asarray))
+    nchunks = xg.numblocks[0]
+
+    def ours():
+        return _wait_persisted(
+            dg.map_kernel(k.saxpy, dg.Out(np.float32, like=xg), np.float32(2.0), xg, yg,
+                          name=_unique("saxpy")))
+
+    def baseline():
+        return _wait_persisted(
+            da.map_blocks(_numba_chunk, xg, yg, dtype=np.float32, name=_unique("numba")))
+
+    def noop():
+        return _wait_persisted(
+            da.map_blocks(_noop_chunk, xg, yg, dtype=np.float32, name=_unique("noop")))
+
+    ours(), baseline(), noop()
+    dg_t = [t / nchunks for t in _timed(ours)]
+    nb_t = [t / nchunks for t in _timed(baseline)]
+    noop_t = [t / nchunks for t in _timed(noop)]
+    launch_only = _Cluster.get().submit(device_chunk_seconds, chunk_bytes, pure=False).result()
+    return [
+        _ratio(f"map_kernel per chunk, CuPy chunks of {chunk_bytes >> 20} MiB", dg_t, nb_t,
+               "ms", "da.map_blocks + Numba kernel per chunk", goal=1.0, scale=1e3),
+        _ratio("  of which: allocate + launch on one CuPy chunk, no Dask", [launch_only[0]],
+               [launch_only[1]], "ms", "the same with a Numba dispatcher", scale=1e3),
+        # How much of the per-chunk time is Dask's scheduling, not daskgpu's.
+        _ratio("  Dask's floor: a no-op map_blocks on the same chunks", dg_t, noop_t, "ms",
+               "da.map_blocks of a no-op returning its first chunk", scale=1e3),
+    ]
+
+
+def device_chunk_seconds(chunk_bytes: int, repeat: int = 20) -> tuple:
+    """Per-chunk seconds of output allocation + launch on CuPy arrays: daskgpu, Numba."""
+    import cupy as cp
+
+    from daskgpu._cli import bench_kernels as k
+
+    x = cp.ones(chunk_bytes // 4, cp.float32)
+    launch = k.saxpy.ptx_kernel().forall(x.size)
+
+    def ours():
+        launch(cp.zeros_like(x), np.float32(2.0), x, x)
+
+    def numba():
+        k.numba_saxpy[(x.size + 255) // 256, 256](cp.empty_like(x), np.float32(2.0), x, x)
+
+    out = []
+    for fn in (ours, numba):
+        fn()
+        cp.cuda.Device().synchronize()
+        t0 = time.perf_counter()
+        for _ in range(repeat):
+            fn()
+        cp.cuda.Device().synchronize()
+        out.append((time.perf_counter() - t0) / repeat)
+    return tuple(out)
+
+
+def bench_compute(size_bytes: int = 256 << 20, chunk_bytes: int = 32 << 20, iters: int = 2000) -> dict:
+    """A compute-bound kernel over host chunks vs the same kernel on the whole array in one process."""
+    import dask.array as da
+
+    import daskgpu as dg
+    from daskgpu._cli import bench_kernels as k
+
+    _Cluster.get()
+    n, c = size_bytes // 4, chunk_bytes // 4
+    x = _wait_persisted(da.random.default_rng(1).random(n, dtype=np.float32, chunks=c))
+
+    def ours():
+        return _wait_persisted(
+            dg.map_kernel(k.compute, dg.Out(np.float32, like=x), x, np.int32(iters),
+                          name=_unique("compute")))
+
+    whole = x.compute()
+
+    def one_process():
+        out = np.empty_like(whole)
+        k.compute.forall(whole.size)(out, whole, np.int32(iters))
+
+    ours(), one_process()
+    return _ratio(f"compute-bound kernel ({iters} sin/cos steps), {size_bytes >> 20} MiB host",
+                  _timed(ours), _timed(one_process), "s",
+                  "the same kernel on the whole array in one process", goal=1.05)
+
+
+def bench_scaling(size_bytes: int = 512 << 20, chunk_bytes: int = 16 << 20,
+                  iters: int = 2000, devices=None) -> list:
+    """A compute-bound ``map_kernel`` on 1, 2, ... N GPUs, one cluster each.
+
+    Each row compares the time on n GPUs with the ideal, a nth of the time on
+    one; a ratio of at most 1/0.9 is a speed-up of at least 0.9 n.
+    """
+    import dask.array as da
+    from distributed import Client
+
+    import daskgpu as dg
+    from daskgpu._cli import bench_kernels as k
+    from daskgpu._dask.cluster import resolve_devices
+
+    devices = list(devices or resolve_devices(None, simulate=False)[0])
+    n, c = size_bytes // 4, chunk_bytes // 4
+    rows, one_gpu = [], None
+    for count in range(1, len(devices) + 1):
+        with dg.LocalGPUCluster(devices=devices[:count], dashboard_address=None) as cluster, \
+                Client(cluster):
+            x = _wait_persisted(da.random.default_rng(2).random(n, dtype=np.float32, chunks=c))
+
+            def run():
+                return _wait_persisted(dg.map_kernel(
+                    k.compute, dg.Out(np.float32, like=x), x, np.int32(iters),
+                    name=_unique("scaling")))
+
+            run()
+            seconds = min(_timed(run))
+        one_gpu = one_gpu or seconds
+        rows.append(_ratio(
+            f"compute-bound map_kernel, {size_bytes >> 20} MiB, on {count} GPU(s)",
+            [seconds], [one_gpu / count], "s", f"1/{count} of the time on one GPU",
+            goal=round(1 / 0.9, 2)))
+    return rows
+
+
+SECTIONS = {
+    "cold": bench_cold,
+    "first-task": bench_first_task,
+    "launch": bench_launch,
+    "submit": bench_submit,
+    "map-host": bench_map_host,
+    "host-copies": bench_host_copies,
+    "map-device": bench_map_device,
+    "compute": bench_compute,
+    "scaling": bench_scaling,
+}
+
+
+def _ratio(what, ours, base, unit, base_name, goal=None, scale=1.0) -> dict:
+    a, b = min(ours) * scale, min(base) * scale
+    return {
+        "what": what,
+        "daskgpu": a,
+        "baseline": b,
+        "baseline_name": base_name,
+        "unit": unit,
+        "ratio": a / b,
+        "goal": goal,
+        "samples_daskgpu": [x * scale for x in ours],
+        "samples_baseline": [x * scale for x in base],
+    }
+
+
+def _table(rows) -> str:
+    lines = [f"{'comparison':<58} {'daskgpu':>10} {'baseline':>10} {'ratio':>7} {'goal':>6}"]
+    for r in rows:
+        goal = "" if r.get("goal") is None else f"<={r['goal']}"
+        lines.append(
+            f"{r['what'][:58]:<58} {r['daskgpu']:>9.3g}{r['unit'][:1]} "
+            f"{r['baseline']:>9.3g}{r['unit'][:1]} {r['ratio']:>7.3f} {goal:>6}"
+        )
+        lines.append(f"    baseline: {r['baseline_name']}; unit {r['unit']}")
+    return "\n".join(lines)
+
+
+def section_sizes(name: str, size: int) -> dict:
+    """The data sizes of section ``name`` when each mapped host array is ``size`` bytes.
+
+    The map sections use arrays of ``size`` in 64 MiB chunks (smaller for small
+    sizes); compute and scaling, which run many steps per element, a quarter
+    and a half of it. Other sections take no size.
+
+    Examples
+    --------
+    >>> section_sizes("map-host", 1 << 30)
+    {'size_bytes': 1073741824, 'chunk_bytes': 67108864}
+    >>> section_sizes("compute", 256 << 20)
+    {'size_bytes': 67108864, 'chunk_bytes': 8388608}
+    >>> section_sizes("launch", 1 << 30)
+    {}
+    """
+    share, chunks = {"map-host": (1, 16), "map-device": (1, 16), "compute": (4, 8),
+                     "scaling": (2, 32)}.get(name, (None, None))
+    if share is None:
+        return {}
+    size_bytes = size // share
+    default_chunk = inspect.signature(SECTIONS[name]).parameters["chunk_bytes"].default
+    return {"size_bytes": size_bytes,
+            "chunk_bytes": min(default_chunk, max(1 << 20, size_bytes // chunks))}
+
+
+def main(argv=None) -> int:
+    from dask.utils import parse_bytes
+
+    parser = argparse.ArgumentParser(prog="daskgpu bench", description=__doc__)
+    parser.add_argument("sections", nargs="*", default=list(SECTIONS),
+                        help=f"which comparisons to run (default all: {', '.join(SECTIONS)})")
+    parser.add_argument("--json", metavar="PATH", help="also write the figures as JSON")
+    parser.add_argument("--size", default="1GiB", type=parse_bytes, metavar="BYTES",
+                        help="bytes of each mapped host array, e.g. 256MiB (default 1GiB)")
+    parser.add_argument("--threads-per-worker", type=int, default=2, metavar="N",
+                        help="threads of each LocalGPUCluster worker (default 2)")
+    args = parser.parse_args(argv)
+    _Cluster.threads_per_worker = args.threads_per_worker
+    rows = []
+    for name in args.sections:
+        if name not in SECTIONS:
+            parser.error(f"unknown section {name!r}; choose from {', '.join(SECTIONS)}")
+        result = SECTIONS[name](**section_sizes(name, args.size))
+        result = result if isinstance(result, list) else [result]
+        rows += result
+        print(_table(result), flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=2)
+    if _Cluster.client is not None:
+        _Cluster.client.cluster.close()
+        _Cluster.client.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

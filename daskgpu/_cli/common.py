@@ -1,0 +1,125 @@
+"""What the ``daskgpu`` commands share: their usage error, parser and argument types,
+and finding a kernel named ``MODULE:FUNCTION``."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib
+import importlib.util
+import inspect
+import os
+import sys
+
+from daskgpu._errors import DaskGPUError
+
+
+class UsageError(DaskGPUError, ValueError):
+    """A command line this parser refuses; raised instead of exiting."""
+
+    def __init__(self, message: str, parser: argparse.ArgumentParser | None = None):
+        super().__init__(message)
+        self.parser = parser
+
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message):
+        raise UsageError(message, self)
+
+
+def positive_int(text) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def device_list(text) -> list:
+    devices = [d.strip() for d in str(text).split(",") if d.strip()]
+    if not devices:
+        raise argparse.ArgumentTypeError(f"no device in {text!r}; write it as 0,1")
+    if len(set(devices)) != len(devices):
+        raise argparse.ArgumentTypeError(f"a device appears twice in {text!r}")
+    return devices
+
+
+def resources(text) -> dict:
+    out = {}
+    for item in str(text).replace(",", " ").split():
+        key, eq, value = item.partition("=")
+        try:
+            number = float(value)
+        except ValueError:
+            number = None
+        if not eq or not key or number is None or number < 0:
+            raise argparse.ArgumentTypeError(
+                f"cannot read resource {item!r}; write resources as 'GPU=1 MEM=16e9'"
+            )
+        out[key] = int(number) if number.is_integer() else number
+    return out
+
+
+def import_module(ref: str):
+    is_path = ref.endswith(".py") or os.sep in ref or (os.altsep or os.sep) in ref
+    try:
+        if is_path:
+            path = os.path.abspath(ref)
+            if not os.path.isfile(path):
+                raise UsageError(f"no Python file {ref!r}")
+            name = os.path.splitext(os.path.basename(path))[0]
+            spec = importlib.util.spec_from_file_location(name, path)
+            module = importlib.util.module_from_spec(spec)
+            sys.path.insert(0, os.path.dirname(path))  # so it can import its neighbours
+            sys.modules[name] = module
+            spec.loader.exec_module(module)
+            return module
+        if "" not in sys.path and os.getcwd() not in sys.path:
+            sys.path.insert(0, os.getcwd())  # as `python -m` does
+        return importlib.import_module(ref)
+    except UsageError:
+        raise
+    except ModuleNotFoundError as exc:
+        raise UsageError(f"cannot import {ref!r}: {exc}") from None
+    except Exception as exc:
+        raise UsageError(f"importing {ref!r} failed: {type(exc).__name__}: {exc}") from None
+
+
+def resolve(module, attr: str, module_ref: str):
+    obj = module
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            found = sorted(n for n, v in vars(module).items()
+                           if not n.startswith("_") and callable(v) and not inspect.isclass(v))
+            raise UsageError(f"{module_ref} has no {attr!r}; it defines {found}")
+        obj = getattr(obj, part)
+    return obj
+
+
+def as_kernel(obj, sigs, overrides, what):
+    from daskgpu._compiler.kernel import Kernel, jit, kernel
+    from daskgpu._runtime.launch import PTXKernel
+
+    if isinstance(obj, PTXKernel):
+        if sigs or overrides:
+            raise UsageError(f"{what} is already compiled PTX (a loaded bundle); "
+                             "it cannot compile new signatures or change options")
+        return obj
+    if isinstance(obj, Kernel):
+        if not sigs and not overrides:
+            return obj
+        options = dataclasses.replace(obj.options, **overrides)
+        return Kernel(obj.py_func, sigs or list(obj._images), options)
+    if hasattr(obj, "py_func") and hasattr(obj, "targetoptions"):  # numba.cuda.jit
+        try:
+            return kernel(obj, sigs or None, **overrides)
+        except TypeError as exc:
+            raise UsageError(str(exc)) from None
+    if inspect.isfunction(obj):
+        if not sigs:
+            raise UsageError(f"{what} is a plain function: give its signature(s) with "
+                             "--sig 'void(float32[::1], ...)'")
+        return jit(sigs, **overrides)(obj)
+    raise UsageError(f"{what} is a {type(obj).__name__}, not a function or kernel")

@@ -1,0 +1,171 @@
+"""``daskgpu demo``: saxpy over a dask array on the embedded local GPU cluster.
+
+Starts :class:`~daskgpu.LocalGPUCluster` (simulated without a GPU), maps a
+saxpy kernel over the chunks of two random arrays with
+:func:`~daskgpu.map_kernel`, checks the result against NumPy on the workers,
+and reports the time and which worker ran each chunk.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import time
+
+import numpy as np
+from numba import cuda
+
+#: Default sizes (elements): 256 MB per float32 array on a GPU, and a size the
+#: CUDA simulator, which runs each GPU thread as Python, finishes in seconds.
+GPU_SIZE = 1 << 26
+SIMULATED_SIZE = 10_000
+
+
+def _saxpy(out, a, x, y):
+    i = cuda.grid(1)
+    if i < out.size:
+        out[i] = a * x[i] + y[i]
+
+
+def _kernel():
+    import daskgpu as dg
+
+    return dg.jit("void(float32[::1], float32, float32[::1], float32[::1])")(_saxpy)
+
+
+def run(size=None, simulate=None, cluster=None, *, chunks=None, verbose=True) -> dict:
+    """Run saxpy over a dask array on a local GPU cluster; return a summary.
+
+    Parameters
+    ----------
+    size : int, optional
+        Elements per array. Default: 2**26 (256 MB per float32 array) on a
+        GPU, 10,000 when simulated.
+    simulate : bool, optional
+        Run kernels in Numba's CUDA simulator. Default: only without a GPU.
+    cluster : distributed cluster, optional
+        Run on this cluster instead of starting a
+        :class:`~daskgpu.LocalGPUCluster`; it is left running.
+    chunks : int, optional
+        Elements per chunk. Default: four chunks per worker.
+    verbose : bool
+        Print the report.
+
+    Returns
+    -------
+    dict
+        ``ok`` (the result matched NumPy), ``size``, ``chunks``, ``simulated``,
+        ``workers``, ``placement`` (chunk index to worker address),
+        ``first_s`` and ``warm_s`` (wall seconds of the first and a second
+        pass), ``gbps`` (bytes read and written per second, warm) and
+        ``max_abs_error``.
+
+    Examples
+    --------
+    >>> from daskgpu._cli import demo as _demo
+    >>> summary = _demo.run()  # doctest: +SKIP
+    saxpy over 67,108,864 float32 elements in 8 chunks on 1 worker(s) (GPU)
+    ...
+    >>> summary["ok"]  # doctest: +SKIP
+    True
+    """
+    import dask
+    import dask.array as da
+    from distributed import Client, get_task_stream, wait
+
+    import daskgpu as dg
+    from daskgpu import _config
+    from daskgpu._dask.mapping import workers_info
+
+    say = print if verbose else (lambda *a, **k: None)
+    own = cluster is None
+    if own:
+        cluster = dg.LocalGPUCluster(simulate=simulate)
+    try:
+        simulated = bool(getattr(cluster, "simulated", simulate if simulate is not None
+                                 else _config.simulating()))
+        if simulate is not None and simulate != simulated:
+            raise ValueError(
+                f"simulate={simulate} but the cluster given runs "
+                f"{'simulated' if simulated else 'on GPUs'}; leave simulate=None"
+            )
+        with Client(cluster) as client, dask.config.set({"daskgpu.simulate": simulated}):
+            workers = sorted(workers_info(client))
+            size = int(size or (SIMULATED_SIZE if simulated else GPU_SIZE))
+            chunks = int(chunks or max(1, math.ceil(size / (4 * len(workers)))))
+            rng = da.random.default_rng(42)
+            x = rng.random(size, dtype=np.float32, chunks=chunks)
+            y = rng.random(size, dtype=np.float32, chunks=chunks)
+            x, y = client.persist([x, y])
+            wait([x, y])
+            a = np.float32(2.5)
+            saxpy = _kernel()
+            say(f"saxpy over {size:,} float32 elements in {x.numblocks[0]} chunks on "
+                f"{len(workers)} worker(s) ({'simulated' if simulated else 'GPU'})")
+            if client.dashboard_link:
+                say(f"  dashboard: {client.dashboard_link}")
+
+            times = []
+            for i in range(2):  # distinct keys, so the second pass really runs
+                name = f"saxpy-demo{i}-{dask.base.tokenize(x, y, a)}"
+                z = dg.map_kernel(saxpy, dg.Out(np.float32, like=x), a, x, y, name=name)
+                with get_task_stream(client) as ts:
+                    t0 = time.perf_counter()
+                    (z,) = client.persist([z])
+                    wait(z)
+                    times.append(time.perf_counter() - t0)
+            placement = _placement(ts.data, z.name)
+            error = float(abs(z - (a * x + y)).max().compute())
+            # Both sides round in float32; a GPU may fuse the multiply-add.
+            ok = error <= 8 * np.finfo(np.float32).eps and len(placement) == z.numblocks[0]
+            gbps = 3 * 4 * size / times[1] / 1e9
+            for w in workers:
+                mine = sorted(c for c, ww in placement.items() if ww == w)
+                say(f"  {w}: chunks {mine}")
+            first = "first-use setup" if simulated else "linking for the GPU"
+            say(f"first pass {times[0]:.3f} s (includes {first}), second {times[1]:.3f} s "
+                f"({gbps:.3g} GB/s); max |error| vs NumPy {error:.2e}: "
+                f"{'OK' if ok else 'MISMATCH'}")
+    finally:
+        if own:
+            cluster.close()
+    return {
+        "ok": ok, "size": size, "chunks": chunks, "simulated": simulated,
+        "workers": workers, "placement": placement, "first_s": times[0],
+        "warm_s": times[1], "gbps": gbps, "max_abs_error": error,
+    }
+
+
+def _placement(task_stream, name) -> dict:
+    """Chunk index to worker address, for the tasks of the array ``name``."""
+    out = {}
+    for rec in task_stream:
+        key = rec.get("key")
+        if isinstance(key, tuple) and key and key[0] == name:
+            out[key[1]] = rec["worker"]
+    return out
+
+
+def main(argv=None) -> int:
+    """``daskgpu demo [--size N] [--simulate | --no-simulate]``; 0 when the check passed.
+
+    Examples
+    --------
+    >>> from daskgpu._cli import demo as _demo
+    >>> _demo.main(["--size", "1000000"])  # doctest: +SKIP
+    0
+    """
+    parser = argparse.ArgumentParser(
+        prog="daskgpu demo", description=__doc__.splitlines()[0].partition(": ")[2]
+    )
+    parser.add_argument("--size", type=int, metavar="N",
+                        help=f"elements per array (default {GPU_SIZE:,} on a GPU, "
+                             f"{SIMULATED_SIZE:,} simulated)")
+    parser.add_argument("--simulate", action=argparse.BooleanOptionalAction, default=None,
+                        help="run in Numba's CUDA simulator (default: only without a GPU)")
+    ns = parser.parse_args(argv)
+    return 0 if run(size=ns.size, simulate=ns.simulate)["ok"] else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,108 @@
+"""``daskgpu info``: this machine's CUDA driver, nvJitLink and GPUs.
+
+:func:`machine_facts` gathers them as plain data straight from the CUDA
+driver and nvJitLink bindings; :func:`print_info` prints them for people or as
+JSON. Nothing here imports numba, so ``daskgpu info`` runs on worker machines
+that only have the runtime; :mod:`daskgpu._cli.workers` asks :func:`_driver_facts`
+which GPUs the driver sees.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+from cuda.bindings import driver
+
+from daskgpu._image.ptx import max_ptx_isa
+from daskgpu._runtime._cuda import device_count, driver_version, nvjitlink_version
+
+
+def print_info(as_json: bool = False) -> int:
+    """Print :func:`machine_facts` for people, or as JSON; return the exit status (0)."""
+    facts = machine_facts()
+    if as_json:
+        print(json.dumps(facts, indent=2))
+        return 0
+    drv, njl = facts["driver"], facts["nvjitlink"]
+    print(f"daskgpu {facts['daskgpu']}")
+    if drv["version"] is None:
+        print(f"no CUDA driver found ({drv['error']})")
+    else:
+        print(f"CUDA driver   {_v(drv['version'])} (reads PTX ISA up to {_v(drv['max_ptx_isa'])})")
+    if njl["version"] is None:
+        print("nvJitLink     not installed (the driver links PTX; pip install nvidia-nvjitlink-cu12)")
+    else:
+        print(f"nvJitLink     {_v(njl['version'])} (reads PTX ISA up to {_v(njl['max_ptx_isa'])})")
+    if facts["max_ptx_isa"] is not None:
+        print(f"loads PTX     up to ISA {_v(facts['max_ptx_isa'])}")
+    print(f"CUDA_VISIBLE_DEVICES={facts['cuda_visible_devices'] or '(unset)'}")
+    if drv["version"] is not None:
+        print(f"{len(facts['devices'])} device(s)")
+        for d in facts["devices"]:
+            print(f"  {d['index']}  {d['name']}  cc {_v(d['cc'])}  "
+                  f"{d['total_memory'] / 2**30:.1f} GiB  {d['uuid']}")
+    if not facts["devices"]:
+        print(facts["hint"])
+    return 0
+
+
+def _v(version) -> str:
+    if tuple(version) == (99, 0):  # max_ptx_isa's answer for releases newer than its table
+        return "any (newer than this daskgpu knows)"
+    return ".".join(map(str, version))
+
+
+def machine_facts() -> dict:
+    """This machine's CUDA driver, nvJitLink and GPUs, as plain data (no numba)."""
+    from daskgpu import __version__
+
+    drv = _driver_facts()
+    njl = nvjitlink_version()
+    drv["max_ptx_isa"] = list(max_ptx_isa(drv["version"])) if drv["version"] else None
+    linker = njl or drv["version"]  # nvJitLink compiles the PTX when present
+    devices = drv.pop("devices")
+    return {
+        "daskgpu": __version__,
+        "driver": drv,
+        "nvjitlink": {"version": list(njl) if njl else None,
+                      "max_ptx_isa": list(max_ptx_isa(njl)) if njl else None},
+        "max_ptx_isa": list(max_ptx_isa(linker)) if linker else None,
+        "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+        "devices": devices,
+        "hint": ("Kernels still compile here (daskgpu compile, dg.jit). To run them without "
+                 "a GPU, use Numba's CUDA simulator: daskgpu demo --simulate, or "
+                 "dg.LocalGPUCluster(simulate=True).") if not devices else None,
+    }
+
+
+def _driver_facts() -> dict:
+    count, reason = device_count()
+    try:
+        version = list(driver_version())
+    except Exception:  # no libcuda, or a driver that cannot say
+        version = None
+    if count == 0:
+        return {"version": version, "error": reason or None, "devices": []}
+    devices = []
+    for i in range(count):
+        _, dev = driver.cuDeviceGet(i)
+        _, name = driver.cuDeviceGetName(256, dev)
+        attr = driver.CUdevice_attribute
+        _, major = driver.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev)
+        _, minor = driver.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev)
+        _, memory = driver.cuDeviceTotalMem(dev)
+        _, uuid = driver.cuDeviceGetUuid(dev)
+        devices.append({
+            "index": i,
+            "name": name.split(b"\0", 1)[0].decode(errors="replace"),
+            "cc": [major, minor],
+            "total_memory": int(memory),
+            "uuid": _uuid_str(bytes(uuid.bytes)),
+        })
+    return {"version": version, "error": None, "devices": devices}
+
+
+def _uuid_str(raw: bytes) -> str:
+    h = raw.hex()
+    return f"GPU-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:32]}"

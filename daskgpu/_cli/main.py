@@ -1,0 +1,205 @@
+"""The ``daskgpu`` command line.
+
+``daskgpu info`` (this machine's GPUs, driver and nvJitLink), ``daskgpu worker``
+(one Dask worker per local GPU), ``daskgpu demo``, ``daskgpu compile`` (a
+function to a kernel bundle), ``daskgpu inspect`` (what a bundle holds),
+``daskgpu bench`` and ``daskgpu batch``. ``info``, ``worker`` and ``inspect``
+never import numba, so they run on worker machines that only have the runtime.
+
+This module holds the parser, ``compile`` and ``inspect``, and the dispatch to
+the other commands, which live in :mod:`daskgpu._cli.info`, :mod:`daskgpu._cli.workers`,
+:mod:`daskgpu._cli.demo`, :mod:`daskgpu._cli.bench` and :mod:`daskgpu._cli.batch`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib
+import importlib.util
+import os
+import sys
+
+from daskgpu._cli import bundles
+from daskgpu._cli.common import Parser, UsageError, device_list, positive_int, resources
+from daskgpu._cli.info import print_info
+from daskgpu._cli.workers import nanny_options, run_workers
+from daskgpu._errors import DaskGPUError
+
+# Subcommands whose arguments belong to another module's own parser.
+_PASSTHROUGH = {"bench": "daskgpu._cli.bench", "batch": "daskgpu._cli.batch"}
+
+
+class _RootParser(Parser):
+    def parse_known_args(self, args=None, namespace=None):
+        args = list(sys.argv[1:] if args is None else args)
+        if args and args[0] in _PASSTHROUGH:  # their options are not ours to parse
+            return argparse.Namespace(command=args[0], args=args[1:], _run=_cmd_passthrough), []
+        ns, extra = super().parse_known_args(args, namespace)
+        check = getattr(ns, "_check", None)
+        if check is not None:
+            check(self, ns)
+        return ns, extra
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``daskgpu`` argument parser; usage errors raise :class:`UsageError`.
+
+    Examples
+    --------
+    >>> ns = build_parser().parse_args(["worker", "tcp://scheduler:8786", "--devices", "0,1"])
+    >>> ns.scheduler, ns.devices
+    ('tcp://scheduler:8786', ['0', '1'])
+    >>> build_parser().parse_args(["worker", "--nthreads", "zero"])
+    Traceback (most recent call last):
+    ...
+    daskgpu._cli.common.UsageError: argument --nthreads: expected a positive integer, got 'zero'
+    """
+    parser = _RootParser(prog="daskgpu", description="Run Numba CUDA kernels on Dask GPU clusters.")
+    from daskgpu import __version__
+
+    parser.add_argument("--version", action="version", version=f"daskgpu {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    p = sub.add_parser("info", help="GPUs, driver and nvJitLink versions of this machine")
+    p.add_argument("--json", action="store_true", help="print a JSON document")
+    p.set_defaults(_run=_cmd_info)
+
+    p = sub.add_parser("worker", help="start one Dask worker per local GPU")
+    p.add_argument("scheduler", nargs="?", metavar="SCHEDULER",
+                   help="scheduler address, e.g. tcp://scheduler:8786 (default: the "
+                        "dask config 'scheduler-address', i.e. DASK_SCHEDULER_ADDRESS)")
+    p.add_argument("--scheduler-file", metavar="PATH", help="read the scheduler address from a file")
+    p.add_argument("--devices", type=device_list, metavar="LIST",
+                   help="GPUs to serve, e.g. 0,1 or GPU-UUIDs (default: CUDA_VISIBLE_DEVICES, "
+                        "else every GPU the driver sees)")
+    p.add_argument("--nthreads", type=positive_int, default=1, metavar="N",
+                   help="threads per worker (default 1)")
+    p.add_argument("--resources", type=resources, default={}, metavar="SPEC",
+                   help="extra worker resources, e.g. 'GPU=1 MEM=16e9' (GPU=1 is always set)")
+    p.add_argument("--name", help="worker name; with several GPUs, NAME-<device>")
+    p.add_argument("--memory-limit", default="auto", help="host memory per worker (default auto)")
+    p.add_argument("--local-directory", metavar="PATH", help="scratch directory of the workers")
+    p.add_argument("--death-timeout", type=float, metavar="SECONDS",
+                   help="give up when the scheduler is unreachable this long")
+    p.add_argument("--dashboard-address", metavar="ADDRESS",
+                   help="worker dashboard address (default: a free port)")
+    p.set_defaults(_run=_cmd_worker, _check=_check_worker)
+
+    p = sub.add_parser("demo", help="run the demo job on the embedded local GPU cluster")
+    p.add_argument("--size", type=positive_int, metavar="N", help="problem size")
+    p.add_argument("--simulate", action=argparse.BooleanOptionalAction, default=None,
+                   help="run in Numba's CUDA simulator (default: only without a GPU)")
+    p.set_defaults(_run=_cmd_demo)
+
+    p = sub.add_parser("compile", help="compile MODULE:FUNCTION to a kernel bundle")
+    p.add_argument("target", metavar="MODULE:FUNCTION",
+                   help="a dotted module or a .py path, and a function, daskgpu kernel or "
+                        "numba.cuda.jit kernel in it")
+    p.add_argument("--sig", action="append", default=[], metavar="SIG",
+                   help="a Numba signature such as 'void(float32[::1], float32)'; repeatable")
+    p.add_argument("--cc", action="append", default=[], metavar="CC",
+                   help="a PTX target compute capability such as 7.5; repeatable "
+                        "(default: daskgpu.target-cc)")
+    p.add_argument("--fastmath", action="store_true", help="compile with fast math")
+    p.add_argument("--lineinfo", action="store_true", help="keep line information")
+    p.add_argument("--max-registers", type=positive_int, metavar="N",
+                   help="registers per thread at most")
+    p.add_argument("-o", "--output", metavar="PATH", help="bundle file (default FUNCTION.dgk)")
+    p.set_defaults(_run=bundles.cmd_compile)
+
+    p = sub.add_parser("inspect", help="show what a kernel bundle holds")
+    p.add_argument("bundle", metavar="BUNDLE", help="a .dgk file")
+    p.add_argument("--json", action="store_true", help="print a JSON document")
+    p.set_defaults(_run=bundles.cmd_inspect)
+
+    for name, what in (("bench", "the performance comparison (on a GPU)"),
+                       ("batch", "run a kernel over stored arrays, with progress and resume")):
+        p = sub.add_parser(name, help=what, add_help=False)
+        p.add_argument("args", nargs=argparse.REMAINDER, help=f"arguments of daskgpu {name}")
+        p.set_defaults(_run=_cmd_passthrough)
+    return parser
+
+
+def main(argv=None) -> int:
+    """Run the ``daskgpu`` command line; return the exit status.
+
+    Examples
+    --------
+    >>> main(["inspect", "no-such-file.dgk"])
+    1
+    """
+    parser = build_parser()
+    try:
+        ns = parser.parse_args(argv)
+    except UsageError as exc:
+        (exc.parser or parser).print_usage(sys.stderr)
+        print(f"{(exc.parser or parser).prog}: error: {exc}", file=sys.stderr)
+        return 2
+    except SystemExit as exc:  # --help, --version
+        return exc.code if isinstance(exc.code, int) else 0
+    try:
+        return ns._run(ns) or 0
+    except UsageError as exc:
+        print(f"daskgpu {ns.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:  # output piped into e.g. `head`: stop quietly
+        try:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        except (OSError, ValueError):
+            pass
+        return 0
+    except (DaskGPUError, OSError) as exc:
+        print(f"daskgpu {ns.command}: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+# -- info and worker -------------------------------------------------------------
+def _cmd_info(ns) -> int:
+    return print_info(as_json=ns.json)
+
+
+def _check_worker(parser, ns):
+    if ns.scheduler and ns.scheduler_file:
+        raise UsageError("give either SCHEDULER or --scheduler-file, not both", parser)
+
+
+def _cmd_worker(ns) -> int:
+    specs = nanny_options(
+        ns.scheduler, scheduler_file=ns.scheduler_file, devices=ns.devices,
+        nthreads=ns.nthreads, resources=ns.resources, name=ns.name,
+        memory_limit=ns.memory_limit, local_directory=ns.local_directory,
+        death_timeout=ns.death_timeout, dashboard_address=ns.dashboard_address,
+    )
+    try:
+        asyncio.run(run_workers(specs))
+    except asyncio.TimeoutError:
+        raise DaskGPUError("timed out starting the workers: is the scheduler reachable?") from None
+    except (OSError, RuntimeError) as exc:  # the nannies have logged the details
+        raise DaskGPUError(f"the workers failed to start: {exc}") from None
+    return 0
+
+
+# -- demo, bench, batch ----------------------------------------------------------
+def _cmd_demo(ns) -> int:
+    argv = [] if ns.size is None else ["--size", str(ns.size)]
+    if ns.simulate is not None:
+        argv.append("--simulate" if ns.simulate else "--no-simulate")
+    return importlib.import_module("daskgpu._cli.demo").main(argv) or 0
+
+
+def _cmd_passthrough(ns) -> int:
+    module = _PASSTHROUGH[ns.command]
+    try:
+        mod = importlib.import_module(module)
+    except ModuleNotFoundError as exc:
+        if exc.name != module:
+            raise
+        print(f"daskgpu {ns.command}: not yet implemented in this version of daskgpu",
+              file=sys.stderr)
+        return 2
+    return mod.main(list(ns.args)) or 0
+
+

@@ -1,0 +1,144 @@
+"""``daskgpu worker``: one ``distributed.Nanny`` per local GPU, each pinned to it.
+
+:func:`local_devices` picks the GPUs to serve, :func:`nanny_options` turns the
+command line's options into one Nanny spec per GPU (``CUDA_VISIBLE_DEVICES``
+pinned, the resource ``GPU=1``, :class:`~daskgpu.GPUWorkerPlugin`, host memory
+split between the GPUs), and :func:`run_workers` runs the nannies until they
+finish or SIGINT/SIGTERM. Nothing here imports numba.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+
+from daskgpu._cli import info as _info
+from daskgpu._cli.common import UsageError
+from daskgpu._errors import DaskGPUError
+
+
+def local_devices() -> list:
+    """The GPUs to serve by default: ``CUDA_VISIBLE_DEVICES``, else all the driver sees."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        devices = [d.strip() for d in visible.split(",") if d.strip()]
+    else:
+        devices = [str(d["index"]) for d in _info._driver_facts()["devices"]]
+    if not devices:
+        raise DaskGPUError(
+            "no GPU to serve: "
+            + (f"CUDA_VISIBLE_DEVICES={visible!r} names none" if visible is not None
+               else "the CUDA driver sees no device")
+            + ". Pass --devices 0,1, or, without GPUs, run a simulated cluster: "
+            "dg.LocalGPUCluster(simulate=True)."
+        )
+    return devices
+
+
+def nanny_options(scheduler=None, *, scheduler_file=None, devices=None, nthreads=1,
+                 resources=None, name=None, memory_limit="auto", local_directory=None,
+                 death_timeout=None, dashboard_address=None) -> list:
+    """Keyword arguments of one ``distributed.Nanny`` per GPU, as ``daskgpu worker`` starts them.
+
+    Each worker sees only its GPU (``CUDA_VISIBLE_DEVICES`` pinned), offers the
+    resource ``GPU=1`` and runs :class:`~daskgpu.GPUWorkerPlugin`.
+
+    Parameters
+    ----------
+    scheduler : str, optional
+        Scheduler address; default the dask config ``scheduler-address``.
+    scheduler_file : str, optional
+        Instead of ``scheduler``, a scheduler file.
+    devices : list of str, optional
+        Device ordinals or UUIDs; default :func:`local_devices`.
+    nthreads : int
+    resources : dict, optional
+        Extra resources; ``GPU`` defaults to 1.
+    name, memory_limit, local_directory, death_timeout, dashboard_address
+        As ``distributed.Nanny`` takes them; ``name`` gets ``-<device>`` with
+        several devices, and ``memory_limit="auto"`` splits the host's memory
+        evenly between the GPU workers.
+
+    Returns
+    -------
+    list of dict
+
+    Examples
+    --------
+    >>> specs = nanny_options("tcp://10.0.0.1:8786", devices=["0", "1"])
+    >>> [s["env"] for s in specs]
+    [{'CUDA_VISIBLE_DEVICES': '0'}, {'CUDA_VISIBLE_DEVICES': '1'}]
+    >>> specs[0]["resources"]
+    {'GPU': 1}
+    """
+    if scheduler is None and scheduler_file is None:
+        import dask.config
+
+        scheduler = dask.config.get("scheduler-address", None)
+        if not scheduler:
+            raise UsageError(
+                "no scheduler to join: give its address (daskgpu worker tcp://host:8786), "
+                "--scheduler-file PATH, or set DASK_SCHEDULER_ADDRESS"
+            )
+    if scheduler is not None and scheduler_file is not None:
+        raise UsageError("give either a scheduler address or a scheduler file, not both")
+    devices = list(devices) if devices else local_devices()
+    if memory_limit == "auto":
+        # Host memory split between this machine's GPU workers, as dask-cuda does;
+        # distributed's own "auto" would give each single-threaded worker one
+        # core's share.
+        from distributed.system import MEMORY_LIMIT
+
+        memory_limit = MEMORY_LIMIT // len(devices)
+    from daskgpu._dask.plugin import GPUWorkerPlugin
+
+    specs = []
+    for device in devices:
+        spec = {
+            "scheduler_ip": scheduler,
+            "scheduler_file": scheduler_file,
+            "nthreads": nthreads,
+            "resources": {"GPU": 1, **(resources or {})},
+            "env": {"CUDA_VISIBLE_DEVICES": str(device)},
+            "plugins": {GPUWorkerPlugin()},
+            "name": name if name is None or len(devices) == 1 else f"{name}-{device}",
+            "memory_limit": memory_limit,
+            "local_directory": local_directory,
+            "death_timeout": death_timeout,
+        }
+        if dashboard_address is not None:
+            spec["dashboard_address"] = dashboard_address
+        specs.append(spec)
+    return specs
+
+
+async def run_workers(specs, stop: asyncio.Event | None = None) -> None:
+    """Start one Nanny per spec; run until they finish, SIGINT/SIGTERM, or ``stop`` is set."""
+    from distributed import Nanny
+
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    handled = []
+    if sys.platform != "win32":
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            try:
+                loop.add_signal_handler(signum, stop.set)
+                handled.append(signum)
+            except (ValueError, RuntimeError):  # not the main thread
+                pass
+    nannies = [Nanny(**spec) for spec in specs]
+    try:
+        await asyncio.gather(*nannies)
+        finished = asyncio.ensure_future(asyncio.gather(*(n.finished() for n in nannies)))
+        stopped = asyncio.ensure_future(stop.wait())
+        await asyncio.wait([finished, stopped], return_when=asyncio.FIRST_COMPLETED)
+        for task in (finished, stopped):
+            task.cancel()
+        await asyncio.gather(finished, stopped, return_exceptions=True)
+    finally:
+        await asyncio.gather(*(n.close(timeout=10, reason="daskgpu-worker-stop")
+                               for n in nannies), return_exceptions=True)
+        for signum in handled:
+            loop.remove_signal_handler(signum)

@@ -1,0 +1,240 @@
+"""The client-side kernel: compiles signatures, launches locally, ships PTX-only."""
+
+from __future__ import annotations
+
+import functools
+import threading
+
+from daskgpu import _config
+from daskgpu._compiler.compile import CompileOptions, compile_image
+from daskgpu._compiler.signatures import normalize, typeof_args
+from daskgpu._errors import PicklingError
+from daskgpu._runtime.launch import LaunchAPI, PTXKernel, select_image
+
+
+class Kernel(LaunchAPI):
+    """A Numba CUDA kernel compiled on the client, one :class:`KernelImage` per signature.
+
+    Made by :func:`jit` or :func:`kernel`. Launch it as in Numba
+    (``k[griddim, blockdim](*args)``), or make a :class:`Launch` with
+    :meth:`configure` / :meth:`forall` to ship to Dask workers. Pickled, it
+    becomes a :class:`PTXKernel`: the compiled signatures as plain data.
+    """
+
+    def __init__(self, py_func, signatures=(), options: CompileOptions | None = None):
+        self.py_func = py_func
+        self.options = options or CompileOptions()
+        self._images: dict = {}
+        self._lock = threading.Lock()
+        # Numba compiles new signatures on demand only for lazily jitted kernels.
+        self._lazy = not signatures
+        functools.update_wrapper(self, py_func)
+        for sig in signatures:
+            self.compile(sig)
+
+    # -- compiling ----------------------------------------------------------
+    def compile(self, sig):
+        """Compile ``sig`` (a Numba signature) if not yet compiled; return its image.
+
+        Examples
+        --------
+        >>> import daskgpu as dg
+        >>> from numba import cuda
+        >>> @dg.jit
+        ... def double(x):
+        ...     i = cuda.grid(1)
+        ...     if i < x.size:
+        ...         x[i] *= 2
+        >>> double.compile("void(float64[::1])").signature
+        '(float64[::1])'
+        """
+        argtypes = normalize(sig)
+        with self._lock:
+            image = self._images.get(argtypes)
+            if image is None:
+                image = compile_image(self.py_func, argtypes, self.options)
+                self._images[argtypes] = image
+        return image
+
+    def specialize(self, *args) -> "Kernel":
+        """A kernel compiled for exactly the types of ``args``, as Numba's ``specialize``.
+
+        Examples
+        --------
+        >>> import numpy as np, daskgpu as dg
+        >>> from numba import cuda
+        >>> @dg.jit
+        ... def double(x):
+        ...     i = cuda.grid(1)
+        ...     if i < x.size:
+        ...         x[i] *= 2
+        >>> double.specialize(np.zeros(4, np.float32)).signatures
+        ['(float32[::1])']
+        """
+        return Kernel(self.py_func, [typeof_args(args)], self.options)
+
+    @property
+    def images(self) -> tuple:
+        """The compiled :class:`KernelImage` objects, in compile order."""
+        return tuple(self._images.values())
+
+    @property
+    def signatures(self) -> list:
+        """The compiled signatures, as strings."""
+        return [im.signature for im in self.images]
+
+    def _select(self, args, infos=None):
+        try:
+            return select_image(self.__name__, self.images, args, infos)
+        except TypeError:
+            if not self._lazy:
+                raise
+        return self.compile(typeof_args(args))
+
+    def _run(self, image, config, args, infos):
+        if _config.simulating():
+            from daskgpu._runtime import simulator
+            from daskgpu._runtime.launch import written_result
+
+            simulator.run_function(self.py_func, config, args)
+            return written_result(args, image.writes)
+        return super()._run(image, config, args, infos)
+
+    def ptx_kernel(self) -> PTXKernel:
+        """This kernel as shipped: its compiled images, PTX-only.
+
+        While ``daskgpu.simulate`` is on, the images also carry the Python
+        function so that simulated workers can run it.
+        """
+        images = self.images
+        if not images:
+            raise PicklingError(
+                f"kernel {self.__name__!r} has no compiled signature to ship. Give one "
+                f"(dg.jit('void(float32[::1], ...)')), call {self.__name__}.compile(sig), "
+                f"or {self.__name__}.specialize(*args) with example arguments."
+            )
+        if _config.simulating():
+            import cloudpickle
+
+            blob = cloudpickle.dumps(self.py_func)
+            images = tuple(im.with_py_func(blob) for im in images)
+        return PTXKernel(images)
+
+    def __reduce__(self):
+        return PTXKernel, (self.ptx_kernel().images,)
+
+    def __call__(self, *args, **kwargs):
+        raise TypeError(
+            f"kernel {self.__name__!r} must be launched with a configuration: "
+            f"{self.__name__}[griddim, blockdim](...) or {self.__name__}.forall(n)(...)"
+        )
+
+    def __repr__(self):
+        return f"<daskgpu.Kernel {self.__name__} signatures={self.signatures}>"
+
+
+def jit(signature_or_function=None, *, targets=(), fastmath=False, debug=False,
+        lineinfo=False, max_registers=None, opt=True, link=(), device=False):
+    """Compile a Python function as a CUDA kernel that ships to Dask workers as PTX.
+
+    Used like ``numba.cuda.jit``: with signatures the kernel compiles eagerly,
+    without them on first launch (or :meth:`Kernel.specialize`). Compiling needs
+    no GPU.
+
+    Parameters
+    ----------
+    signature_or_function : str, list of str, or function, optional
+        Numba signature(s) such as ``"void(float32[::1], float32)"``, or the
+        function itself when used as a bare decorator.
+    targets : sequence of compute capabilities, optional
+        PTX targets, such as ``["7.5", "9.0"]``. Each worker links the highest
+        target at or below its GPU's. Default: ``daskgpu.target-cc`` (7.5), a
+        portable PTX that links on every GPU at or above it.
+    fastmath, debug, lineinfo, max_registers, opt
+        As in ``numba.cuda.jit``.
+    link : sequence of paths
+        ``.ptx``, ``.cubin``, ``.fatbin``, ``.ltoir``, ``.o``, ``.a`` or ``.cu``
+        files to link in; their bytes travel with the kernel (``.cu`` is
+        compiled to PTX here first).
+
+    Returns
+    -------
+    Kernel
+
+    Examples
+    --------
+    >>> import daskgpu as dg
+    >>> from numba import cuda
+    >>> @dg.jit("void(float32[::1], float32, float32[::1], float32[::1])")
+    ... def saxpy(out, a, x, y):
+    ...     i = cuda.grid(1)
+    ...     if i < out.size:
+    ...         out[i] = a * x[i] + y[i]
+    >>> saxpy.signatures
+    ['(float32[::1], float32, float32[::1], float32[::1])']
+    >>> saxpy.images[0].writes        # only `out` is written
+    (0,)
+    """
+    if device:
+        raise TypeError(
+            "daskgpu.jit makes kernels; write device functions with "
+            "numba.cuda.jit(device=True) and call them from a daskgpu kernel"
+        )
+    options = CompileOptions(
+        targets=tuple(targets), fastmath=fastmath, debug=debug, lineinfo=lineinfo,
+        max_registers=max_registers, opt=opt, link=tuple(link),
+    )
+    if callable(signature_or_function):
+        return Kernel(signature_or_function, (), options)
+    sigs = signature_or_function
+    if sigs is None:
+        sigs = []
+    elif isinstance(sigs, (str, tuple)) or not isinstance(sigs, list):
+        sigs = [sigs]
+    return lambda fn: Kernel(fn, sigs, options)
+
+
+def kernel(dispatcher, signatures=None, **options) -> Kernel:
+    """Wrap an existing ``numba.cuda.jit`` dispatcher as a daskgpu :class:`Kernel`.
+
+    Parameters
+    ----------
+    dispatcher : numba.cuda dispatcher
+        A kernel made with ``@cuda.jit`` (lazy: an eager one already needed a GPU).
+    signatures : list, optional
+        Signatures to compile; default: those the dispatcher has compiled.
+    **options
+        Overrides of the dispatcher's options, as :func:`jit` takes them.
+
+    Examples
+    --------
+    >>> import daskgpu as dg
+    >>> from numba import cuda
+    >>> @cuda.jit
+    ... def scale(x, a):
+    ...     i = cuda.grid(1)
+    ...     if i < x.size:
+    ...         x[i] *= a
+    >>> k = dg.kernel(scale, ["void(float64[:], float64)"])
+    >>> k.signatures
+    ['(float64[:], float64)']
+    """
+    py_func = getattr(dispatcher, "py_func", None)
+    if py_func is None:
+        raise TypeError(
+            f"dg.kernel takes a numba.cuda.jit dispatcher, got {type(dispatcher).__name__}; "
+            "for a plain function use dg.jit"
+        )
+    if getattr(dispatcher, "targetoptions", {}).get("device"):
+        raise TypeError("dg.kernel takes a kernel, not a device function (device=True)")
+    numba_opts = getattr(dispatcher, "targetoptions", {})
+    merged = {k: numba_opts[k] for k in ("fastmath", "debug", "lineinfo", "max_registers", "opt")
+              if numba_opts.get(k) is not None}
+    if numba_opts.get("link"):
+        merged["link"] = tuple(numba_opts["link"])
+    merged.update(options)
+    if signatures is None:
+        signatures = list(getattr(dispatcher, "overloads", {}).keys())
+    sigs = [signatures] if isinstance(signatures, str) else list(signatures)
+    k = jit(sigs, **merged) if sigs else jit(**merged)
+    return k(py_func)

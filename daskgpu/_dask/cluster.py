@@ -1,0 +1,354 @@
+"""``LocalGPUCluster``: one Dask worker per local GPU, the embedded default.
+
+Like distributed's ``LocalCluster``, the class only turns its arguments into a
+spec for ``SpecCluster``: a scheduler, and one worker per GPU whose
+``CUDA_VISIBLE_DEVICES`` lists its own GPU first, with the resource ``GPU=1``
+and :class:`~daskgpu.GPUWorkerPlugin`. Without a GPU it runs simulated.
+"""
+
+from __future__ import annotations
+
+import logging
+import operator
+import os
+
+import dask.config
+from distributed import Nanny, Scheduler, SpecCluster, Worker
+from distributed.security import Security
+from distributed.worker_memory import parse_memory_limit
+
+from daskgpu import _config
+from daskgpu._dask.plugin import GPUWorkerPlugin
+from daskgpu._errors import DeviceError
+
+logger = logging.getLogger("daskgpu")
+
+#: Workers a simulated cluster runs when no devices are given.
+SIMULATED_WORKERS = 2
+
+
+class LocalGPUCluster(SpecCluster):
+    """A scheduler and one worker per local GPU, each pinned to its GPU.
+
+    Each worker runs in its own process (a ``Nanny``) whose
+    ``CUDA_VISIBLE_DEVICES`` lists its GPU first, followed by the others in
+    turn, so that device 0 is its own and peers stay visible. Each offers the
+    resource ``GPU=1`` and runs :class:`~daskgpu.GPUWorkerPlugin`, also after
+    a restart.
+
+    Without a GPU (or with ``simulate=True``) the cluster runs simulated:
+    kernels run in Numba's CUDA simulator on the workers, slowly, for tests
+    and examples. The dask.config setting ``daskgpu.simulate`` is then on in
+    this process for the cluster's lifetime (and restored on close), so that
+    kernels shipped from here carry their Python function, and on every
+    worker. Simulated workers are pinned to no GPU; ``devices`` then only
+    sets how many there are.
+
+    Parameters
+    ----------
+    devices : int, str or sequence of int/str, optional
+        The GPUs to run workers on, as ``CUDA_VISIBLE_DEVICES`` names them:
+        ordinals, ``"GPU-<uuid>"`` or ``"MIG-<uuid>"`` strings, or one
+        comma-separated string such as ``"0,1"``. Default: the GPUs this
+        process sees (its ``CUDA_VISIBLE_DEVICES``, else all of them); when
+        simulated, ``[0, 1]``.
+    simulate : bool, optional
+        True runs simulated workers, False requires a GPU. Default: simulated
+        when ``daskgpu.simulate`` is already on or no GPU is found.
+    threads_per_worker : int
+        Threads per worker; one keeps the GPU's launches in order.
+    processes : bool
+        True (default) runs each worker in its own process under a Nanny.
+        False runs workers as threads of this process, which cannot be pinned
+        to different GPUs and so is allowed only when simulated.
+    security : Security or bool, optional
+        Passed to distributed; with ``require_encryption`` the cluster uses
+        ``tls://``. True makes temporary self-signed credentials.
+    host, scheduler_port, dashboard_address, worker_dashboard_address, protocol, \
+interface, silence_logs, memory_limit, asynchronous, loop, name, scheduler_kwargs
+        As for ``distributed.LocalCluster``.
+    **worker_kwargs
+        Further options for each worker (or Nanny).
+
+    Attributes
+    ----------
+    devices : tuple
+        The device of each worker: worker ``i`` runs on ``devices[i]``.
+    simulated : bool
+        Whether kernels run in the CUDA simulator.
+
+    Examples
+    --------
+    >>> import daskgpu as dg
+    >>> from distributed import Client
+    >>> cluster = dg.LocalGPUCluster()  # doctest: +SKIP
+    >>> cluster.devices  # doctest: +SKIP
+    (0, 1, 2, 3)
+    >>> client = Client(cluster)  # doctest: +SKIP
+
+    Without a GPU, or to test without one:
+
+    >>> with dg.LocalGPUCluster(simulate=True) as cluster:  # doctest: +SKIP
+    ...     with Client(cluster) as client:
+    ...         client.run(dg.device_info)
+    """
+
+    def __init__(self, devices=None, simulate=None, threads_per_worker=1, *,
+                 processes=True, host=None, scheduler_port=0,
+                 dashboard_address=":8787", worker_dashboard_address=None,
+                 protocol=None, security=None,
+                 interface=None, silence_logs=logging.WARN, memory_limit="auto",
+                 asynchronous=False, loop=None, name=None, scheduler_kwargs=None,
+                 **worker_kwargs):
+        devices, simulate = resolve_devices(devices, simulate)
+        if not processes and not simulate:
+            raise ValueError(
+                "LocalGPUCluster(processes=False) runs every worker in this one "
+                "process, so it cannot pin them to different GPUs; keep "
+                "processes=True, or pass simulate=True for threaded test workers"
+            )
+        security, protocol, host = _transport(
+            security, protocol, host, interface, processes, scheduler_port
+        )
+        worker_kwargs.update(
+            host=host, protocol=protocol, interface=interface, security=security,
+            silence_logs=silence_logs,
+            dashboard_address=worker_dashboard_address,
+            dashboard=worker_dashboard_address is not None,
+            memory_limit=parse_memory_limit(memory_limit, 1, len(devices), logger=logger),
+        )
+        scheduler = {
+            "cls": Scheduler,
+            "options": {
+                "host": host, "port": scheduler_port, "protocol": protocol,
+                "interface": interface, "security": security,
+                "dashboard": dashboard_address is not None,
+                "dashboard_address": dashboard_address,
+                **(scheduler_kwargs or {}),
+            },
+        }
+        self.devices = devices
+        self.simulated = simulate
+        self._gpu_specs = worker_specs(
+            devices, simulate=simulate, threads_per_worker=threads_per_worker,
+            processes=processes, **worker_kwargs,
+        )
+        # Kernels pickled here carry their Python function exactly when the
+        # workers simulate; the Nannies also copy this config into the workers.
+        self._config_guard = dask.config.set({"daskgpu.simulate": self.simulated})
+        try:
+            super().__init__(
+                scheduler=scheduler, workers=dict(self._gpu_specs),
+                asynchronous=asynchronous, loop=loop, security=security,
+                silence_logs=silence_logs, name=name,
+            )
+        except BaseException:
+            self._restore_config()
+            raise
+
+    def new_worker_spec(self):
+        """The spec of a GPU that has no worker, for ``scale``; there is one per GPU."""
+        for worker_name, spec in self._gpu_specs.items():
+            if worker_name not in self.worker_spec:
+                return {worker_name: spec}
+        raise ValueError(
+            f"LocalGPUCluster runs one worker per GPU and all {len(self.devices)} "
+            f"devices {list(self.devices)} have one; to run more workers, give more "
+            "devices: LocalGPUCluster(devices=[...])"
+        )
+
+    @property
+    def _supports_scaling(self):
+        return True
+
+    async def _close(self):
+        try:
+            await super()._close()
+        finally:
+            self._restore_config()
+
+    def _restore_config(self):
+        guard, self._config_guard = getattr(self, "_config_guard", None), None
+        if guard is not None:
+            guard.__exit__(None, None, None)
+
+
+def _transport(security, protocol, host, interface, processes, scheduler_port):
+    """``(security, protocol, host)`` chosen as ``distributed.LocalCluster`` does."""
+    if security is None:
+        security = Security()
+    elif security is True:
+        security = Security.temporary()
+    elif not isinstance(security, Security):
+        raise TypeError(
+            f"security must be a distributed.Security object or True, got {security!r}"
+        )
+    if protocol is None:
+        if host and "://" in host:
+            protocol = host.split("://")[0]
+        elif security.require_encryption:
+            protocol = "tls://"
+        elif not processes and not scheduler_port:
+            protocol = "inproc://"
+        else:
+            protocol = "tcp://"
+    if not protocol.endswith("://"):
+        protocol += "://"
+    if host is None and not protocol.startswith("inproc") and not interface:
+        host = "127.0.0.1"
+    return security, protocol, host
+
+
+def resolve_devices(devices=None, simulate=None):
+    """The devices to run workers on, and whether to simulate: ``(devices, simulate)``.
+
+    Logs a line to the ``daskgpu`` logger when the result is simulated.
+
+    Examples
+    --------
+    >>> resolve_devices("0,GPU-8f1c", simulate=True)
+    ((0, 'GPU-8f1c'), True)
+    >>> resolve_devices(simulate=True)
+    ((0, 1), True)
+    """
+    devices = parse_devices(devices)
+    if simulate:
+        why, level = "simulate=True", logging.INFO
+    elif simulate is None and _config.simulating():
+        why, level = "daskgpu.simulate is on", logging.INFO
+    else:
+        visible, reason = visible_devices()
+        if visible:
+            if devices and "CUDA_VISIBLE_DEVICES" not in os.environ:
+                missing = [d for d in devices if isinstance(d, int) and d >= len(visible)]
+                if missing:
+                    raise DeviceError(
+                        f"devices={list(devices)} names GPU {missing[0]}, but this "
+                        f"machine has {len(visible)} GPU(s), 0 to {len(visible) - 1}; "
+                        "nvidia-smi -L lists them"
+                    )
+            return devices or visible, False
+        if simulate is not None:
+            raise DeviceError(
+                f"LocalGPUCluster(simulate=False) found no CUDA GPU: {reason}. Install "
+                "the NVIDIA driver and check CUDA_VISIBLE_DEVICES, or pass simulate=True "
+                "to run kernels in Numba's CUDA simulator."
+            )
+        why, level = f"no CUDA GPU found: {reason}", logging.WARNING
+    devices = devices or tuple(range(SIMULATED_WORKERS))
+    logger.log(
+        level,
+        "LocalGPUCluster runs %d simulated workers (%s): kernels run in Numba's CUDA "
+        "simulator, slowly, for testing; pass simulate=False to require a GPU",
+        len(devices), why,
+    )
+    return devices, True
+
+
+def parse_devices(devices) -> tuple:
+    """Normalise ``devices`` to a tuple of ordinals and ``GPU-``/``MIG-`` strings.
+
+    Examples
+    --------
+    >>> parse_devices("0, 1")
+    (0, 1)
+    >>> parse_devices([2, "MIG-4b1e"])
+    (2, 'MIG-4b1e')
+    >>> parse_devices(None) is None
+    True
+    """
+    if devices is None:
+        return None
+    if isinstance(devices, str):
+        items = [d for d in devices.split(",") if d.strip()]
+    elif isinstance(devices, int):
+        items = [devices]
+    else:
+        items = list(devices)
+    parsed = tuple(_parse_device(d) for d in items)
+    if not parsed:
+        raise ValueError(
+            f"devices={devices!r} names no device; leave it None to use every "
+            "visible GPU"
+        )
+    if len(set(parsed)) != len(parsed):
+        raise ValueError(f"devices={devices!r} names a device twice; one worker runs per GPU")
+    return parsed
+
+
+def _parse_device(d):
+    if isinstance(d, str):
+        d = d.strip()
+        if d.isdigit():
+            return int(d)
+        if d.startswith(("GPU-", "MIG-")) and len(d) > 4:
+            return d
+    elif not isinstance(d, bool):
+        try:
+            d = operator.index(d)
+        except TypeError:
+            pass
+        else:
+            if d >= 0:
+                return d
+    raise ValueError(
+        f"{d!r} is not a device: give an ordinal (0, 1, ...), a 'GPU-<uuid>' or a "
+        "'MIG-<uuid>' string, as CUDA_VISIBLE_DEVICES takes them (nvidia-smi -L lists them)"
+    )
+
+
+def visible_devices() -> tuple:
+    """The GPUs this process sees, and why there are none.
+
+    Returns ``(devices, reason)``: ``devices`` as ``CUDA_VISIBLE_DEVICES``
+    names them (its entries, else ordinals), empty without a GPU, when
+    ``reason`` says why. Counts with the driver API; imports no numba.
+    """
+    from daskgpu._runtime._cuda import device_count
+
+    count, reason = device_count()
+    if count == 0:
+        return (), reason
+    env = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if env is None:
+        return tuple(range(count)), ""
+    # CUDA stops at the first entry it cannot use: the first `count` are the GPUs.
+    return parse_devices([d for d in env.split(",") if d.strip()][:count]), ""
+
+
+def worker_specs(devices, *, simulate, threads_per_worker=1, processes=True,
+                 **options) -> dict:
+    """One ``SpecCluster`` worker spec per device, named 0, 1, ...
+
+    Worker ``i``'s ``CUDA_VISIBLE_DEVICES`` starts at ``devices[i]`` and
+    continues round the list; simulated workers get none, since their devices
+    are not real GPUs (distributed's NVML monitor would look them up). Each
+    worker offers ``GPU=1`` and runs its own :class:`GPUWorkerPlugin`.
+
+    Examples
+    --------
+    >>> specs = worker_specs((0, 1, 2), simulate=False)
+    >>> [s["options"]["env"]["CUDA_VISIBLE_DEVICES"] for s in specs.values()]
+    ['0,1,2', '1,2,0', '2,0,1']
+    >>> specs[0]["options"]["resources"]
+    {'GPU': 1}
+    """
+    devices = tuple(devices)
+    specs = {}
+    for i in range(len(devices)):
+        opts = dict(options)
+        opts["nthreads"] = threads_per_worker
+        opts["resources"] = {**(options.get("resources") or {}), "GPU": 1}
+        opts["plugins"] = (*(options.get("plugins") or ()), GPUWorkerPlugin())
+        if processes:
+            cls = Nanny
+            env = {**(options.get("env") or {}),
+                   # dask.config reads DASK_-prefixed variables: daskgpu.simulate.
+                   "DASK_DASKGPU__SIMULATE": str(bool(simulate))}
+            if not simulate:  # simulated devices are not real GPUs: pin none
+                env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, devices[i:] + devices[:i]))
+            opts["env"] = env
+        else:
+            cls = Worker
+        specs[i] = {"cls": cls, "options": opts}
+    return specs

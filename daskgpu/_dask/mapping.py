@@ -1,0 +1,662 @@
+"""Map a kernel over dask arrays: one forall-style launch per chunk.
+
+:func:`map_kernel` validates its arguments, compiles (or selects) one kernel
+image on the client, and builds the graph with ``da.map_blocks`` (after
+``unify_chunks`` and, for halos, ``da.overlap.overlap``). Each task holds a
+:class:`_ChunkLaunch`: the PTX-only kernel plus a plain description of the
+parameters, so workers need no compiler and no Python function.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+import sys
+from contextlib import nullcontext
+from numbers import Integral, Number
+
+import numpy as np
+
+from daskgpu import _config
+from daskgpu._image.argspec import Zeroed
+from daskgpu._runtime.launch import PTXKernel, _unwrap
+
+__all__ = ["Out", "map_kernel", "offset"]
+
+
+class _Offset:
+    """``dg.offset``: stands for a chunk's global start index in :func:`map_kernel`.
+
+    Each occurrence expands to one ``int64`` kernel parameter per array
+    dimension, in axis order: a 1-D map passes one ``int64``, a 2-D map two
+    (row, column). The value is the global index of element 0 of the chunk the
+    kernel sees; with ``depth`` that is the start of the extended chunk
+    (negative at the lower edge unless ``boundary="none"``).
+
+    Examples
+    --------
+    >>> import daskgpu as dg, pickle
+    >>> dg.offset
+    daskgpu.offset
+    >>> pickle.loads(pickle.dumps(dg.offset)) is dg.offset
+    True
+    """
+
+    __slots__ = ()
+    _instance = None
+
+    def __new__(cls):
+        if cls._instance is None:
+            cls._instance = super().__new__(cls)
+        return cls._instance
+
+    def __reduce__(self):
+        return "offset"  # pickled by reference to the module-level singleton
+
+    def __repr__(self):
+        return "daskgpu.offset"
+
+    def __dask_tokenize__(self):
+        return "daskgpu.offset"
+
+
+offset = _Offset()
+
+
+class Out:
+    """An output array of :func:`map_kernel`, allocated per chunk on the worker.
+
+    Parameters
+    ----------
+    dtype : numpy dtype
+        Element type of the output. Required.
+    like : array, optional
+        Take the shape, and for a dask array also the chunks and the array type
+        (NumPy or CuPy), from ``like``. It need not be an argument of the kernel.
+    shape : tuple of int, optional
+        The shape, when there is no ``like``.
+    chunks : optional
+        Dask chunks (anything ``dask.array`` accepts). Default: ``like``'s
+        chunks, else one chunk that takes the chunking of the arrays it is
+        aligned with.
+
+    Each chunk of the output is allocated zero-filled (NumPy, or CuPy when the
+    chunks are CuPy arrays) in the layout the kernel's signature asks for.
+
+    Examples
+    --------
+    >>> import numpy as np, dask.array as da, daskgpu as dg
+    >>> x = da.ones(10, chunks=5)
+    >>> dg.Out(np.float32, like=x)
+    Out(float32, shape=(10,), chunks=((5, 5),))
+    >>> dg.Out("int64", shape=(4, 6), chunks=(2, 3))
+    Out(int64, shape=(4, 6), chunks=((2, 2), (3, 3)))
+    """
+
+    __slots__ = ("dtype", "shape", "chunks", "meta")
+
+    def __init__(self, dtype=None, like=None, shape=None, chunks=None):
+        import dask.array as da
+        from dask.array.core import normalize_chunks
+        from dask.array.utils import meta_from_array
+
+        if dtype is None:
+            raise TypeError(
+                "dg.Out needs a dtype: write dg.Out(np.float32, like=x) or "
+                "dg.Out(np.float32, shape=(n,), chunks=c)"
+            )
+        try:
+            self.dtype = np.dtype(dtype)
+        except TypeError as exc:
+            raise TypeError(f"dg.Out got dtype {dtype!r}, which numpy cannot read: {exc}") from None
+        self.meta = None
+        if like is not None:
+            if shape is not None:
+                raise TypeError("dg.Out takes like= or shape=, not both")
+            shape = getattr(like, "shape", None)
+            if shape is None:
+                raise TypeError(
+                    f"dg.Out(like=...) needs an array with a shape, got {type(like).__name__}"
+                )
+            if isinstance(like, da.Array):
+                if chunks is None:
+                    chunks = like.chunks
+                self.meta = meta_from_array(like._meta, len(like.shape), self.dtype)
+        elif shape is None:
+            raise TypeError(
+                "dg.Out needs like= (an array to copy shape and chunks from) or shape="
+            )
+        shape = (shape,) if isinstance(shape, Integral) else tuple(shape)
+        if any(not isinstance(n, Integral) or n < 0 for n in shape):
+            raise ValueError(
+                f"dg.Out needs a known, non-negative shape, got {shape!r}; for a dask "
+                "array of unknown chunk sizes call x.compute_chunk_sizes() first"
+            )
+        self.shape = tuple(int(n) for n in shape)
+        self.chunks = normalize_chunks(
+            self.shape if chunks is None else chunks, self.shape, dtype=self.dtype
+        )
+        if any(math.isnan(c) for dim in self.chunks for c in dim):
+            raise ValueError(
+                "dg.Out needs known chunk sizes; call x.compute_chunk_sizes() on `like` first"
+            )
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    def _placeholder(self):
+        """A dask array of this shape and chunks that costs no memory per chunk."""
+        import dask.array as da
+
+        return da.broadcast_to(np.zeros((), np.bool_), self.shape, chunks=self.chunks)
+
+    def __dask_tokenize__(self):
+        meta = None if self.meta is None else type(self.meta).__module__
+        return ("daskgpu.Out", self.dtype.str, self.shape, self.chunks, meta)
+
+    def __repr__(self):
+        return f"Out({self.dtype.name}, shape={self.shape}, chunks={self.chunks})"
+
+
+# -- the per-chunk task -------------------------------------------------------
+
+# Parameter kinds of a _ChunkLaunch; CHUNK, WHOLE and VALUE take a task argument.
+CHUNK, OUT, WHOLE, VALUE, OFFSET = "chunk", "out", "whole", "value", "offset"
+
+
+def _is_cupy(value) -> bool:
+    return type(value).__module__.partition(".")[0] == "cupy"
+
+
+def _array_module(use_cupy: bool):
+    if use_cupy:
+        import cupy
+
+        return cupy
+    return np
+
+
+class _ChunkLaunch:
+    """Launch a PTX-only kernel on one chunk: a small, picklable callable.
+
+    Parameters
+    ----------
+    kernel : PTXKernel
+        Holds exactly the image selected on the client.
+    params : tuple
+        One ``(kind, a, b)`` per kernel parameter: ``(CHUNK, layout, written)``,
+        ``(OUT, dtype, layout)``, ``(WHOLE, written, None)``, ``(VALUE, None,
+        None)`` or ``(OFFSET, axis, None)``.
+    returns : tuple of int
+        The parameters returned, in order: outputs, then written dask inputs.
+    rank : int
+        Launch rank: 1 for ``ntasks = chunk.size``, else ``ntasks = chunk.shape``.
+    chunks : tuple of tuple of int
+        The output's chunks (with halos, when ``depth`` is given): an ``OUT``
+        is allocated in the shape of its block, so outputs need no task of
+        their own.
+    starts, depth, edge_halo
+        Per axis: chunk start indices in the aligned array, halo depth, and
+        whether the first chunk also has a halo (a boundary other than
+        ``"none"``); together they give :data:`offset`.
+    cupy : bool
+        Allocate outputs with CuPy even when no chunk argument is a CuPy array.
+    """
+
+    __slots__ = ("kernel", "params", "returns", "rank", "tpb", "chunks", "starts", "depth",
+                 "edge_halo", "cupy")
+
+    def __init__(self, kernel, params, returns, rank, tpb, chunks, starts, depth, edge_halo,
+                 cupy):
+        self.kernel, self.params, self.returns = kernel, params, returns
+        self.rank, self.tpb, self.chunks = rank, tpb, chunks
+        self.starts, self.depth, self.edge_halo = starts, depth, edge_halo
+        self.cupy = cupy
+
+    def __reduce__(self):
+        return _ChunkLaunch, (self.kernel, self.params, self.returns, self.rank, self.tpb,
+                              self.chunks, self.starts, self.depth, self.edge_halo, self.cupy)
+
+    def __repr__(self):
+        return f"<map_kernel chunk launch of {self.kernel.__name__}>"
+
+    @property
+    def __name__(self):
+        return self.kernel.__name__
+
+    def offsets(self, block_id) -> tuple:
+        out = []
+        for axis, b in enumerate(block_id):
+            start = self.starts[axis][b]
+            if b > 0 or self.edge_halo[axis]:
+                start -= self.depth[axis]
+            out.append(np.int64(start))
+        return tuple(out)
+
+    def __call__(self, *values, block_id):
+        block = tuple(c[b] for c, b in zip(self.chunks, block_id))
+        inputs = [v for (kind, _, _), v in zip(self._taking(), values) if kind == CHUNK]
+        xp = _array_module(self.cupy or any(_is_cupy(v) for v in inputs))
+        shape = np.broadcast_shapes(block, *(v.shape for v in inputs))
+        offsets = self.offsets(block_id)
+        args, it = [], iter(values)
+        for kind, a, b in self.params:
+            if kind == OFFSET:
+                args.append(offsets[a])
+            elif kind == OUT:
+                order = "F" if b == "F" else "C"
+                if xp is not np:
+                    args.append(xp.zeros(block, dtype=a, order=order))
+                else:
+                    # Zero-filled on the GPU by the launch, not copied there.
+                    args.append(Zeroed(np.empty(block, dtype=a, order=order)))
+            else:
+                args.append(_prepared(kind, a, b, next(it), xp))
+        size = math.prod(shape)
+        if size:
+            ntasks = size if self.rank == 1 else tuple(shape)
+            try:
+                self.kernel.forall(ntasks, self.tpb)(*args)
+            except Exception as exc:
+                if hasattr(exc, "add_note"):
+                    exc.add_note(
+                        f"daskgpu.map_kernel: launching {self.kernel.__name__} on chunk "
+                        f"{tuple(block_id)} of shape {tuple(shape)}, offset "
+                        f"{tuple(int(o) for o in offsets)}"
+                    )
+                raise
+        results = tuple(_unwrap(args[i]) for i in self.returns)
+        return results[0] if len(results) == 1 else results
+
+    def _taking(self):
+        """The parameters that take a task argument, in order."""
+        return [p for p in self.params if p[0] not in (OFFSET, OUT)]
+
+
+def _prepared(kind, a, b, value, xp):
+    """A task argument as the kernel parameter ``(kind, a, b)`` takes it."""
+    if kind == CHUNK:
+        if b:  # written: never touch the user's chunk, dask may share it
+            return xp.array(value, order="F" if a == "F" else "C", copy=True)
+        if a == "C" and not value.flags.c_contiguous:
+            return xp.ascontiguousarray(value)
+        if a == "F" and not value.flags.f_contiguous:
+            return xp.asfortranarray(value)
+    elif kind == WHOLE and a:
+        return value.copy()
+    return value
+
+
+# -- building the graph -------------------------------------------------------
+
+def workers_info(client) -> dict:
+    """Every worker's scheduler info (address to dict) from a synchronous client."""
+    try:
+        info = client.scheduler_info(n_workers=-1)
+    except TypeError:  # distributed before 2025 lists every worker by default
+        info = client.scheduler_info()
+    return info.get("workers", {})
+
+
+def _gpu_annotation():
+    """``dask.annotate(resources={"GPU": 1})`` when the current cluster offers GPUs."""
+    import dask
+
+    if "distributed" not in sys.modules:  # no client can be current
+        return nullcontext()
+    try:
+        from distributed import get_client
+
+        client = get_client()
+        if client.asynchronous:  # its cached scheduler info lists no workers
+            return nullcontext()
+        workers = workers_info(client)
+    except Exception:  # no client, or it is gone: build the plain graph
+        return nullcontext()
+    if any((w.get("resources") or {}).get("GPU") for w in workers.values()):
+        return dask.annotate(resources={"GPU": 1})
+    return nullcontext()
+
+
+def _check_kernel(kernel):
+    if isinstance(kernel, PTXKernel) or (
+        hasattr(kernel, "ptx_kernel") and hasattr(kernel, "_select")
+    ):
+        return
+    hint = ""
+    if hasattr(kernel, "py_func"):
+        hint = " Wrap a numba.cuda.jit dispatcher with dg.kernel(dispatcher) first."
+    raise TypeError(
+        "map_kernel takes a daskgpu kernel (made by dg.jit or dg.kernel, or loaded "
+        f"by dg.load), got {type(kernel).__name__}.{hint}"
+    )
+
+
+def _classify(args):
+    """The role of each argument, and the dask arrays and :class:`Out` among them.
+
+    Returns ``(roles, arrays)``: one ``(kind, value)`` per argument, where
+    ``value`` indexes ``arrays`` for dask arrays and outputs.
+    """
+    import dask.array as da
+    from dask.base import is_dask_collection
+
+    roles, arrays = [], []
+    for pos, a in enumerate(args):
+        if isinstance(a, da.Array):
+            if any(math.isnan(c) for dim in a.chunks for c in dim):
+                raise ValueError(
+                    f"map_kernel argument {pos} has unknown chunk sizes {a.chunks}; "
+                    "call x.compute_chunk_sizes() first"
+                )
+            roles.append((CHUNK, len(arrays)))
+            arrays.append(a)
+        elif isinstance(a, Out):
+            roles.append((OUT, len(arrays)))
+            arrays.append(a)
+        elif a is offset:
+            roles.append((OFFSET, None))
+        elif isinstance(a, np.ndarray) or hasattr(a, "__cuda_array_interface__"):
+            roles.append((WHOLE, a))
+        elif isinstance(a, (Number, np.generic)) and not is_dask_collection(a):
+            roles.append((VALUE, a))
+        else:
+            raise TypeError(
+                f"map_kernel argument {pos} is a {type(a).__name__}; pass dask arrays, "
+                "numpy or device arrays (passed whole to every chunk), numbers, "
+                "dg.Out(dtype, like=x) outputs or dg.offset"
+            )
+    if not arrays:
+        raise ValueError(
+            "map_kernel needs at least one dask array or dg.Out among the arguments "
+            "to take its chunks from; for a single launch use kernel.forall(n)(...)"
+        )
+    return roles, arrays
+
+
+def _align(arrays, ndim):
+    """Unify chunks as ``da.blockwise`` does (right-aligned broadcasting)."""
+    from dask.array.core import unify_chunks
+
+    dask_arrays = [a._placeholder() if isinstance(a, Out) else a for a in arrays]
+    pairs = []
+    for a in dask_arrays:
+        pairs += [a, tuple(reversed(range(a.ndim)))]
+    try:
+        chunkss, aligned = unify_chunks(*pairs, warn=False)
+    except ValueError as exc:
+        shapes = ", ".join(
+            f"{'Out' if isinstance(a, Out) else 'array'} {tuple(a.shape)}" for a in arrays
+        )
+        raise ValueError(
+            f"map_kernel cannot align the chunks of its arrays ({shapes}): {exc}. "
+            "Give arrays and outputs shapes that broadcast together."
+        ) from None
+    out_chunks = tuple(chunkss[ndim - 1 - ax] for ax in range(ndim))
+    return list(aligned), out_chunks
+
+
+def _halo(aligned, out_chunks, ndim, depth, boundary):
+    """Overlap every array as ``map_overlap`` does; return them and the halo spec."""
+    from dask.array.overlap import coerce_boundary, coerce_depth, overlap
+
+    depth = coerce_depth(ndim, depth)
+    boundary = coerce_boundary(ndim, boundary)
+    for ax, d in depth.items():
+        if not isinstance(d, Integral) or d < 0:
+            raise ValueError(
+                f"map_kernel takes a non-negative integer depth per axis, got {d!r} for "
+                f"axis {ax}"
+            )
+    if not any(depth.values()):
+        return aligned, (0,) * ndim, (False,) * ndim, None
+    for a in aligned:
+        if a.ndim != ndim:
+            raise ValueError(
+                f"with depth, every array of map_kernel must be {ndim}-D like its outputs; "
+                f"got one of shape {a.shape}. Broadcast it first (da.broadcast_to)."
+            )
+    for ax, d in depth.items():
+        smallest = min(out_chunks[ax]) if out_chunks[ax] else 0
+        if d > smallest:
+            raise ValueError(
+                f"map_kernel depth {d} on axis {ax} is deeper than the smallest chunk "
+                f"({smallest} elements; chunks {out_chunks[ax]}). Rechunk so every chunk "
+                f"on axis {ax} has at least {d} elements (x.rechunk(...)), or use a "
+                "smaller depth."
+            )
+    overlapped = [overlap(a, depth=depth, boundary=boundary, allow_rechunk=False)
+                  for a in aligned]
+    left = tuple(boundary[ax] != "none" for ax in range(ndim))
+    return overlapped, tuple(int(depth[ax]) for ax in range(ndim)), left, (depth, boundary)
+
+
+def _examples(roles, arrays, ndim):
+    """One argument per kernel parameter that has the chunk's type."""
+    out = []
+    for kind, value in roles:
+        if kind in (CHUNK, OUT):
+            a = arrays[value]
+            rank = ndim if kind == OUT else a.ndim
+            out.append(np.empty((1,) * rank, dtype=a.dtype))
+        elif kind == OFFSET:
+            out.extend([np.int64(0)] * ndim)
+        else:
+            out.append(value)
+    return tuple(out)
+
+
+def _select(kernel, examples):
+    try:
+        return kernel._select(examples)
+    except TypeError as exc:
+        raise TypeError(
+            "map_kernel passes each chunk as a C-contiguous array of its dask array's "
+            f"dtype and rank, and dg.offset as int64 (one per dimension).\n{exc}"
+        ) from None
+
+
+def _shipped(kernel, image) -> PTXKernel:
+    """The PTX-only kernel holding just ``image`` (with its function if simulating)."""
+    ptx = kernel.ptx_kernel() if not isinstance(kernel, PTXKernel) else kernel
+    images = tuple(im for im in ptx.images if im == image)
+    if _config.simulating() and images[0].py_func is None:
+        raise TypeError(
+            f"kernel {ptx.__name__!r} was loaded without its Python function, so it "
+            "cannot run in the CUDA simulator; turn daskgpu.simulate off and run it on "
+            "a GPU, or map the client kernel (dg.jit) instead"
+        )
+    return PTXKernel(images)
+
+
+def _meta_base(arrays):
+    for a in arrays:
+        meta = a.meta if isinstance(a, Out) else a._meta
+        if meta is not None and _is_cupy(meta):
+            return meta
+    return None
+
+
+def map_kernel(kernel, *args, depth=None, boundary=None, tpb=0, name=None, grid_ndim=None):
+    """Launch ``kernel`` once per chunk of dask arrays; return its outputs lazily.
+
+    Parameters
+    ----------
+    kernel : Kernel or PTXKernel
+        A kernel from :func:`daskgpu.jit` / :func:`daskgpu.kernel`, or one loaded
+        by :func:`daskgpu.load`. A lazy kernel (no signature) is compiled here,
+        on the client, for the chunks' dtypes and ranks (C-contiguous).
+    *args
+        The kernel's arguments, in order:
+
+        - dask arrays: one chunk per launch, chunks aligned and broadcast as
+          ``da.blockwise`` does (lower-rank or size-1 arrays arrive with their
+          own chunk shape);
+        - :class:`Out`: an output allocated per chunk on the worker;
+        - :data:`offset`: the chunk's global start index, one ``int64`` per
+          dimension;
+        - numpy or device arrays: passed whole to every launch (a copy, if the
+          kernel writes it; those writes are not returned);
+        - numbers.
+    depth, boundary
+        Halos, as in ``da.map_overlap``: each chunk is extended by ``depth``
+        elements per side (an int, or a per-axis tuple or dict), ``boundary``
+        fills the outer edges (``"none"`` by default, or ``"reflect"``,
+        ``"periodic"``, ``"nearest"``, a constant). Outputs are allocated like
+        the extended chunk and trimmed afterwards.
+    tpb : int
+        Threads per block; 0 asks the occupancy API.
+    name : str, optional
+        Key name of the launch tasks, and of the result when there is one
+        output and no halo (several outputs are named ``{name}-out{i}``).
+        Default: the kernel's name and a token of its image hash and the
+        arguments, so equal calls give equal keys.
+    grid_ndim : int, optional
+        Launch rank. Default: the rank of the kernel's ``cuda.grid(n)`` /
+        ``cuda.gridsize(n)`` calls, else 1. Rank 1 launches ``chunk.size``
+        threads; rank 2 or 3 launches ``chunk.shape`` threads (axis 0 is x).
+
+    Returns
+    -------
+    dask.array.Array or tuple of them
+        The :class:`Out` arrays in argument order, then every dask input the
+        kernel writes, as new arrays (the inputs themselves are never
+        modified). One result comes back bare. Results are CuPy-backed when
+        the inputs are.
+
+    Notes
+    -----
+    Each chunk's task holds only PTX and plain data (plus, while
+    ``daskgpu.simulate`` is on, the Python function for the simulator).
+
+    When a distributed client is current and its workers offer a ``GPU``
+    resource, the launch tasks are annotated ``resources={"GPU": 1}``. Dask's
+    low-level task fusion drops annotations (dask/dask#7036), so on a cluster
+    that mixes GPU and CPU workers compute with
+    ``dask.config.set({"optimization.fuse.active": False})``; on one where
+    every worker has a GPU, placement needs no annotation.
+
+    Examples
+    --------
+    >>> import dask, numpy as np, dask.array as da, daskgpu as dg
+    >>> from numba import cuda
+    >>> @dg.jit
+    ... def saxpy(out, a, x, y):
+    ...     i = cuda.grid(1)
+    ...     if i < out.size:
+    ...         out[i] = a * x[i] + y[i]
+    >>> x = da.arange(8, chunks=4, dtype=np.float32)
+    >>> with dask.config.set({"daskgpu.simulate": True}):   # no GPU needed
+    ...     z = dg.map_kernel(saxpy, dg.Out(np.float32, like=x), np.float32(2), x, x)
+    ...     z.compute()
+    array([ 0.,  3.,  6.,  9., 12., 15., 18., 21.], dtype=float32)
+
+    Global indices with :data:`offset` and a halo with ``depth``:
+
+    >>> @dg.jit
+    ... def index(out, start):
+    ...     i = cuda.grid(1)
+    ...     if i < out.size:
+    ...         out[i] = start + i
+    >>> with dask.config.set({"daskgpu.simulate": True}):
+    ...     dg.map_kernel(index, dg.Out(np.int64, shape=(6,), chunks=3), dg.offset).compute()
+    array([0, 1, 2, 3, 4, 5])
+    """
+    import dask.array as da
+    from dask.array.core import broadcast_chunks
+    from dask.array.overlap import trim_internal
+    from dask.array.utils import meta_from_array
+    from dask.base import tokenize
+
+    _check_kernel(kernel)
+    if operator.index(tpb) < 0:
+        raise ValueError(f"tpb must be 0 (automatic) or positive, got {tpb!r}")
+    roles, arrays = _classify(args)
+    ndim = max(len(a.shape) for a in arrays)
+    for a in arrays:
+        if isinstance(a, Out) and a.ndim != ndim:
+            raise ValueError(
+                f"map_kernel outputs must have the rank of the mapped arrays ({ndim}-D), "
+                f"got {a!r}"
+            )
+    if ndim == 0:
+        raise ValueError("map_kernel maps over arrays of at least one dimension")
+
+    image = _select(kernel, _examples(roles, arrays, ndim))
+    rank = (image.grid_ndim or 1) if grid_ndim is None else operator.index(grid_ndim)
+    if rank not in (1, ndim) or not 1 <= rank <= 3:
+        raise ValueError(
+            f"kernel {kernel.__name__!r} launches a {rank}-D grid over {ndim}-D chunks; "
+            f"map_kernel launches 1-D over the chunk's elements or {ndim}-D over its "
+            "shape (up to 3-D). Pass grid_ndim=1 to index the chunk's flat elements."
+        )
+    ship = _shipped(kernel, image)
+
+    # Kernel parameters, with dg.offset expanded to one int64 per axis.
+    specs = iter(image.args)
+    params, returns, written_inputs = [], [], []
+    for kind, value in roles:
+        if kind == OFFSET:
+            params += [(OFFSET, ax, None) for ax in range(ndim)]
+            for _ in range(ndim):
+                next(specs)
+            continue
+        spec, index = next(specs), len(params)
+        written = index in image.writes
+        if kind == CHUNK:
+            params.append((CHUNK, spec.layout, written))
+            if written:
+                written_inputs.append((index, arrays[value].dtype))
+        elif kind == OUT:
+            params.append((OUT, arrays[value].dtype.str, spec.layout))
+            returns.append((index, arrays[value].dtype))
+        elif kind == WHOLE:
+            params.append((WHOLE, written, None))
+        else:
+            params.append((VALUE, None, None))
+    returns += written_inputs
+    if not returns:
+        raise ValueError(
+            f"kernel {kernel.__name__!r} has nothing to return: give an output "
+            "dg.Out(dtype, like=x), or pass a dask array that the kernel writes"
+        )
+
+    aligned, out_chunks = _align(arrays, ndim)
+    blocks, halo, left, trim = _halo(aligned, out_chunks, ndim, depth, boundary)
+    starts = tuple(tuple(int(s) for s in np.cumsum((0,) + c[:-1])) for c in out_chunks)
+    base = _meta_base(arrays)
+    # Outputs are allocated in the task that launches on them: a task per
+    # output chunk would double the graph and the scheduler's work.
+    block_chunks = broadcast_chunks(*(b.chunks for b in blocks))
+    fn = _ChunkLaunch(ship, tuple(params), tuple(i for i, _ in returns), rank, int(tpb),
+                      block_chunks, starts, halo, left, base is not None)
+
+    task_args = []
+    for kind, value in roles:
+        if kind == CHUNK:
+            task_args.append(blocks[value])
+        elif kind not in (OUT, OFFSET):
+            task_args.append(value)
+    if name is None:
+        token = tokenize(image.hash, kernel.__name__, args, depth, boundary, int(tpb),
+                         rank, _config.simulating())
+        name = f"{kernel.__name__}-{token}"
+
+    meta_of = (lambda dt: meta_from_array(base, ndim, dt)) if base is not None else (
+        lambda dt: np.empty((0,) * ndim, dtype=dt))
+    with _gpu_annotation():
+        if len(returns) == 1:
+            results = [da.map_blocks(fn, *task_args, name=name, chunks=block_chunks,
+                                     meta=meta_of(returns[0][1]))]
+        else:
+            launched = da.map_blocks(fn, *task_args, name=name, chunks=block_chunks,
+                                     meta=np.empty((0,) * ndim, dtype=object))
+            results = [
+                launched.map_blocks(operator.getitem, i, name=f"{name}-out{i}",
+                                    meta=meta_of(dt))
+                for i, (_, dt) in enumerate(returns)
+            ]
+    if trim is not None:
+        results = [trim_internal(r, *trim) for r in results]
+    return results[0] if len(results) == 1 else tuple(results)

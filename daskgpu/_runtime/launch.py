@@ -1,0 +1,232 @@
+"""Launches, and the PTX-only kernel a worker receives.
+
+Everything here is plain data plus dispatch; it imports neither numba nor a GPU
+library at module level, so unpickling a launch is cheap and needs no device.
+"""
+
+from __future__ import annotations
+
+from daskgpu import _config
+from daskgpu._errors import LaunchConfigError, PicklingError
+from daskgpu._image.argspec import Zeroed, array_info, describe, mismatch, signature_str
+from daskgpu._image.config import LaunchConfig
+
+
+def written_result(args, writes):
+    """What a launch returns: ``None``, the one written array, or a tuple of them."""
+    if not writes:
+        return None
+    if len(writes) == 1:
+        return _unwrap(args[writes[0]])
+    return tuple(_unwrap(args[i]) for i in writes)
+
+
+def _unwrap(arg):
+    return arg.array if type(arg) is Zeroed else arg
+
+
+class Launch:
+    """A kernel with a launch configuration: a picklable callable.
+
+    Calling it launches the kernel and returns what the kernel wrote: one array,
+    a tuple of arrays in argument order, or None. Pickled, it carries only the
+    kernel's compiled images (PTX and argument specs).
+    """
+
+    __slots__ = ("kernel", "config", "_fast")
+
+    def __init__(self, kernel, config: LaunchConfig):
+        self.kernel = kernel
+        self.config = config
+        self._fast = None  # the runtime's DeviceLaunch for repeats of the last launch
+
+    def __call__(self, *args):
+        fast = self._fast
+        if fast is not None:
+            result = fast(args)
+            if result is not NotImplemented:
+                return result
+        # Each argument's array facts are read once, for matching and marshalling.
+        infos = [array_info(a) for a in args]
+        image = self.kernel._select(args, infos)
+        result = self.kernel._run(image, self.config, args, infos)
+        # Only the first image may take the fast path: matching one image alone
+        # must pick what select_image would.
+        if image.py_func is None and not _config.simulating() and image is self.kernel.images[0]:
+            from daskgpu._runtime.launcher import device_launch
+
+            self._fast = device_launch(image, self.config, infos)
+        return result
+
+    def __reduce__(self):
+        return Launch, (self.kernel, self.config)
+
+    def __repr__(self):
+        return f"<Launch {self.kernel.__name__} {self.config!r}>"
+
+    @property
+    def __name__(self):  # Dask names tasks after their function
+        return self.kernel.__name__
+
+
+#: Launches a kernel keeps for reuse, one per configuration (LaunchAPI._launch).
+_LAUNCHES_KEPT = 64
+
+
+class LaunchAPI:
+    """Numba's launch syntax, shared by client and PTX-only kernels."""
+
+    def __getitem__(self, config) -> Launch:
+        """``kernel[griddim, blockdim]`` or ``kernel[griddim, blockdim, stream, sharedmem]``."""
+        if not isinstance(config, tuple) or not 2 <= len(config) <= 4:
+            raise LaunchConfigError(
+                "launch as kernel[griddim, blockdim] or "
+                f"kernel[griddim, blockdim, stream, sharedmem], got kernel[{config!r}]"
+            )
+        return self.configure(*config)
+
+    def _launch(self, key, make) -> Launch:
+        """The :class:`Launch` for ``key``, made once per kernel and configuration.
+
+        ``kernel[grid, block](...)`` in a loop then reuses one Launch and its
+        fast path. Configurations with a stream (objects, kept alive by a
+        cache) or unhashable dimensions are not cached. At most
+        :data:`_LAUNCHES_KEPT` are; a full cache starts afresh, which, unlike
+        evicting one entry, is safe while other threads use it.
+        """
+        cache = self.__dict__.setdefault("_launches", {})
+        try:
+            launch = cache.get(key)
+        except TypeError:  # e.g. dimensions given as lists
+            return make()
+        if launch is None:
+            launch = make()
+            if len(cache) >= _LAUNCHES_KEPT:
+                cache.clear()
+            cache[key] = launch
+        return launch
+
+    def configure(self, griddim, blockdim, stream=0, sharedmem=0) -> Launch:
+        """A :class:`Launch` of this kernel on ``griddim`` blocks of ``blockdim`` threads.
+
+        Examples
+        --------
+        >>> import daskgpu as dg
+        >>> from numba import cuda
+        >>> @dg.jit("void(float32[::1])")
+        ... def fill(out):
+        ...     i = cuda.grid(1)
+        ...     if i < out.size:
+        ...         out[i] = i
+        >>> fill.configure(4, 256)
+        <Launch fill LaunchConfig(griddim=(4, 1, 1), blockdim=(256, 1, 1))>
+        """
+        def make():
+            return Launch(self, LaunchConfig(griddim, blockdim, stream, sharedmem))
+
+        if stream:
+            return make()
+        return self._launch(("grid", griddim, blockdim, sharedmem), make)
+
+    def forall(self, ntasks, tpb=0, stream=0, sharedmem=0) -> Launch:
+        """A :class:`Launch` covering ``ntasks`` threads, block size from occupancy.
+
+        ``ntasks`` may be a tuple for kernels that use ``cuda.grid(2)`` or
+        ``cuda.grid(3)``.
+
+        Examples
+        --------
+        >>> import daskgpu as dg
+        >>> from numba import cuda
+        >>> @dg.jit("void(float32[::1])")
+        ... def fill(out):
+        ...     i = cuda.grid(1)
+        ...     if i < out.size:
+        ...         out[i] = i
+        >>> fill.forall(1000)
+        <Launch fill LaunchConfig(ntasks=1000)>
+        """
+        def make():
+            return Launch(self, LaunchConfig(ntasks=ntasks, tpb=tpb, stream=stream,
+                                             sharedmem=sharedmem))
+
+        if stream:
+            return make()
+        return self._launch(("forall", ntasks, tpb, sharedmem), make)
+
+    # -- dispatch, shared by both kinds of kernel ----------------------------
+    def _run(self, image, config, args, infos):
+        if image.py_func is not None:
+            from daskgpu._runtime import simulator
+
+            simulator.run(image, config, args)
+        else:
+            from daskgpu._runtime.launcher import run
+
+            run(image, config, args, infos)
+        return written_result(args, image.writes)
+
+
+def select_image(name, images, args, infos=None):
+    """The first image whose argument specs accept ``args``; else ``TypeError``.
+
+    ``infos`` are the arguments' :func:`array_info`, when already read.
+    """
+    if infos is None:
+        infos = [array_info(a) for a in args]
+    for image in images:
+        specs = image.args
+        if len(specs) == len(args) and all(
+            spec.matches(info, a) for spec, info, a in zip(specs, infos, args)
+        ):
+            return image
+    received = "(" + ", ".join(describe(a) for a in args) + ")"
+    shipped = "\n  ".join(
+        signature_str(im.args) + _why_not(im, args) for im in images
+    ) or "(none)"
+    raise TypeError(
+        f"no compiled signature of kernel {name!r} matches the arguments {received}.\n"
+        f"Compiled signatures:\n  {shipped}\n"
+        "Pass arguments of one of these types (arrays of that dtype, rank and layout), "
+        "or compile the signature on the client first: kernel.compile(sig) or "
+        "kernel.specialize(*args)."
+    )
+
+
+def _why_not(image, args) -> str:
+    if len(image.args) != len(args):
+        return f": takes {len(image.args)} arguments, got {len(args)}"
+    for i, (spec, a) in enumerate(zip(image.args, args)):
+        reason = mismatch(spec, a)
+        if reason:
+            return f": argument {i} {reason}"
+    return ""
+
+
+class PTXKernel(LaunchAPI):
+    """A compiled kernel as plain data: its images, one per signature.
+
+    This is what a client :class:`~daskgpu.Kernel` becomes when pickled and what
+    :func:`daskgpu.load` returns. It launches like a Numba kernel but cannot
+    compile new signatures.
+    """
+
+    def __init__(self, images):
+        images = tuple(images)
+        if not images:
+            raise PicklingError("a PTXKernel needs at least one compiled image")
+        self.images = images
+        self.__name__ = images[0].name.rpartition(".")[2]
+
+    @property
+    def signatures(self):
+        return [im.signature for im in self.images]
+
+    def _select(self, args, infos=None):
+        return select_image(self.__name__, self.images, args, infos)
+
+    def __reduce__(self):
+        return PTXKernel, (self.images,)
+
+    def __repr__(self):
+        return f"<PTXKernel {self.__name__} signatures={self.signatures}>"

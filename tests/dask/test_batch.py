@@ -1,0 +1,328 @@
+"""daskgpu batch: stored arrays in, zarr out, chunk by chunk, with retries and resume.
+
+Every test runs simulated, on one threaded cluster that a subprocess can also reach.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+from numba import cuda
+
+import daskgpu as dg
+from daskgpu._cli.batch import load_kernel, main
+from daskgpu._dask.batch import BatchError, run_batch
+from daskgpu._dask.ledger import LEDGER, done_chunks
+
+zarr = pytest.importorskip("zarr")
+from distributed import Client, get_task_stream  # noqa: E402
+
+SAXPY_SIG = "void(float32[::1], float32, float32[::1], float32[::1])"
+KERNEL_FILE = '''
+from numba import cuda
+
+def saxpy(out, a, x, y):
+    i = cuda.grid(1)
+    if i < out.size:
+        out[i] = a * x[i] + y[i]
+'''
+
+
+@dg.jit(SAXPY_SIG)
+def saxpy(out, a, x, y):
+    i = cuda.grid(1)
+    if i < out.size:
+        out[i] = a * x[i] + y[i]
+
+
+@dg.jit("void(float64[::1], int64[::1], float64[::1])")
+def permute(out, perm, x):
+    """``out[i] = x[perm[i]]`` within a chunk: a bad index in ``perm`` fails the chunk."""
+    i = cuda.grid(1)
+    if i < out.size:
+        out[i] = x[perm[i]]
+
+
+@dg.jit
+def sum_diff(s, d, x, y):
+    i, j = cuda.grid(2)
+    if i < s.shape[0] and j < s.shape[1]:
+        s[i, j] = x[i, j] + y[i, j]
+        d[i, j] = x[i, j] - y[i, j]
+
+
+@pytest.fixture(scope="module")
+def client():
+    # Threaded simulated workers in this process, on TCP so a subprocess can connect.
+    with dg.LocalGPUCluster(simulate=True, processes=False, protocol="tcp://",
+                            dashboard_address=":0") as cluster, Client(cluster) as c:
+        yield c
+
+
+def _zarr(path, data, chunks):
+    z = zarr.open_array(str(path), mode="w", shape=data.shape, chunks=chunks,
+                        dtype=data.dtype)
+    z[...] = data
+    return str(path)
+
+
+@pytest.fixture
+def saxpy_job(tmp_path):
+    """x in zarr (10 chunks of 40), y in .npy; z = 2x + y."""
+    x = np.arange(400, dtype=np.float32)
+    y = np.linspace(-1, 1, 400, dtype=np.float32)
+    np.save(tmp_path / "y.npy", y)
+    return {
+        "inputs": [_zarr(tmp_path / "x.zarr", x, 40), str(tmp_path / "y.npy")],
+        "outputs": [(str(tmp_path / "z.zarr"), np.float32)],
+        "scalars": [np.float32(2)],
+        "expected": np.float32(2) * x + y,
+    }
+
+
+def _run(job, client, **kw):
+    return run_batch(saxpy, job["inputs"], job["outputs"], scalars=job["scalars"],
+                     client=client, progress=False, **kw)
+
+
+def _files(path):
+    """Modification times of the data files of a zarr array, ledger excluded."""
+    out = {}
+    for root, dirs, files in os.walk(path):
+        dirs[:] = [d for d in dirs if d != LEDGER]
+        for f in files:
+            out[os.path.relpath(os.path.join(root, f), path)] = os.stat(
+                os.path.join(root, f)).st_mtime_ns
+    return out
+
+
+@contextlib.contextmanager
+def _failed_tasks():
+    """``(name, chunk)`` of each task failure that the (threaded) workers log."""
+    failures = []
+
+    class Handler(logging.Handler):
+        def emit(self, record):
+            match = re.search(r"Key:\s+\('(\w+)-[0-9a-f]+', (\d+)\)", record.getMessage())
+            if match:
+                failures.append((match.group(1), int(match.group(2))))
+
+    logger, handler = logging.getLogger("distributed.worker"), Handler(logging.ERROR)
+    logger.addHandler(handler)
+    try:
+        yield failures
+    finally:
+        logger.removeHandler(handler)
+
+
+def _launches(task_stream, kernel_name):
+    """How many map_kernel launch tasks of ``kernel_name`` ran."""
+    return sum(1 for rec in task_stream if str(rec["key"][0]).startswith(f"{kernel_name}-"))
+
+
+def _wait_idle(client, timeout=30):
+    deadline = time.monotonic() + timeout
+    while any(client.run(lambda dask_worker: len(dask_worker.state.executing)).values()):
+        assert time.monotonic() < deadline, "the workers are still busy"
+        time.sleep(0.05)
+
+
+# -- a whole job ------------------------------------------------------------------
+def test_zarr_and_npy_inputs_to_zarr_output(client, saxpy_job):
+    report = _run(saxpy_job, client)
+    assert report.complete and not report.failed and not report.remaining
+    assert report.chunks == 10 and report.computed == tuple((i,) for i in range(10))
+    z = zarr.open_array(saxpy_job["outputs"][0][0], mode="r")
+    assert z.dtype == np.float32 and z.chunks == (40,)
+    np.testing.assert_array_equal(z[:], saxpy_job["expected"])
+    assert done_chunks(saxpy_job["outputs"][0][0]) == {(i,) for i in range(10)}
+
+    again = _run(saxpy_job, client)  # nothing left to do
+    assert again.complete and again.computed == () and len(again.skipped) == 10
+
+
+def test_interrupted_job_resumes_with_only_the_missing_chunks(client, saxpy_job):
+    out = saxpy_job["outputs"][0][0]
+    first = _run(saxpy_job, client, max_chunks=4)  # stops as an interruption would
+    assert first.computed == ((0,), (1,), (2,), (3,)) and len(first.remaining) == 6
+    assert not first.complete and done_chunks(out) == set(first.computed)
+    z = zarr.open_array(out, mode="r")
+    np.testing.assert_array_equal(z[:160], saxpy_job["expected"][:160])
+    assert not z[160:].any()  # not written yet
+    before = _files(out)
+
+    with get_task_stream(client) as ts:
+        second = _run(saxpy_job, client)
+    assert second.skipped == first.computed
+    assert second.computed == first.remaining  # the rest, and only the rest
+    assert _launches(ts.data, "saxpy") == 6
+    after = _files(out)
+    assert all(after[f] == t for f, t in before.items())  # finished chunks untouched
+    np.testing.assert_array_equal(zarr.open_array(out, mode="r")[:], saxpy_job["expected"])
+
+
+def test_failed_chunk_is_retried_reported_and_recomputed_alone(client, tmp_path):
+    x = np.random.default_rng(0).random(240)
+    perm = np.tile(np.arange(30)[::-1], 8)  # reverses each chunk of 30
+    bad = perm.copy()
+    bad[95] = 10_000  # a corrupt index in chunk 3
+    perm_path = _zarr(tmp_path / "perm.zarr", bad, 30)
+    inputs = [perm_path, _zarr(tmp_path / "x.zarr", x, 30)]
+    out = str(tmp_path / "y.zarr")
+    expected = x.reshape(8, 30)[:, ::-1].ravel()
+
+    outputs = [(out, np.float64)]
+    with _failed_tasks() as failures:
+        report = run_batch(permute, inputs, outputs, client=client, retries=1,
+                           progress=False)
+    assert list(report.failed) == [(3,)]
+    assert report.failed[(3,)].startswith("IndexError")
+    assert failures == [("permute", 3)] * 2  # the launch of chunk 3, tried twice
+    assert len(report.computed) == 7 and not report.complete
+    assert "chunk (3,) failed after 2 attempt(s): IndexError" in report.summary()
+    assert done_chunks(out) == set(report.computed)  # every other chunk is written
+    y = zarr.open_array(out, mode="r")[:]
+    np.testing.assert_array_equal(np.delete(y, np.s_[90:120]),
+                                  np.delete(expected, np.s_[90:120]))
+
+    zarr.open_array(perm_path, mode="r+")[90:120] = perm[90:120]  # repair the input
+    fixed = run_batch(permute, inputs, outputs, client=client, progress=False)
+    assert fixed.computed == ((3,),) and fixed.complete
+    np.testing.assert_array_equal(zarr.open_array(out, mode="r")[:], expected)
+
+
+def test_two_outputs_2d_from_npy_files(client, tmp_path):
+    x = np.arange(20 * 12, dtype=np.float64).reshape(20, 12)
+    y = np.ones((20, 12))
+    np.save(tmp_path / "x.npy", x)
+    np.save(tmp_path / "y.npy", y)
+    outs = [str(tmp_path / "s.zarr"), (str(tmp_path / "d.zarr"), "float32")]
+    report = run_batch(sum_diff, [str(tmp_path / "x.npy"), str(tmp_path / "y.npy")], outs,
+                       chunks=(8, 8), client=client, progress=False)
+    assert report.complete and report.chunks == 6
+    s, d = (zarr.open_array(p, mode="r") for p in (outs[0], outs[1][0]))
+    assert s.chunks == (8, 8) and d.dtype == np.float32
+    np.testing.assert_array_equal(s[:], x + y)
+    np.testing.assert_array_equal(d[:], (x - y).astype(np.float32))
+    assert done_chunks(outs[0]) == done_chunks(outs[1][0]) == set(np.ndindex(3, 2))
+
+
+# -- refusals --------------------------------------------------------------------
+def test_another_jobs_output_is_not_resumed_but_can_be_overwritten(client, saxpy_job):
+    _run(saxpy_job, client, max_chunks=2)
+    saxpy_job["scalars"] = [np.float32(3)]
+    with pytest.raises(BatchError, match=r"holds chunks of another job \(different scalars\)"):
+        _run(saxpy_job, client)
+    report = _run(saxpy_job, client, resume=False)
+    assert len(report.computed) == 10
+    z = zarr.open_array(saxpy_job["outputs"][0][0], mode="r")
+    x, y = np.arange(400, dtype=np.float32), np.load(saxpy_job["inputs"][1])
+    np.testing.assert_array_equal(z[:], np.float32(3) * x + y)
+
+
+def test_foreign_output_directory_is_never_overwritten(client, saxpy_job, tmp_path):
+    foreign = tmp_path / "mine"
+    foreign.mkdir()
+    (foreign / "notes.txt").write_text("keep")
+    saxpy_job["outputs"] = [(str(foreign), np.float32)]
+    with pytest.raises(BatchError, match="not written by daskgpu batch"):
+        _run(saxpy_job, client)
+    with pytest.raises(BatchError, match="is not a zarr array"):
+        _run(saxpy_job, client, resume=False)
+    assert (foreign / "notes.txt").read_text() == "keep"
+
+
+def test_bad_jobs_are_refused_before_anything_runs(client, saxpy_job, tmp_path):
+    np.save(tmp_path / "short.npy", np.zeros(10, np.float32))
+    with pytest.raises(BatchError, match=r"has shape \(10,\), but .* has \(400,\)"):
+        run_batch(saxpy, [saxpy_job["inputs"][0], str(tmp_path / "short.npy")],
+                  saxpy_job["outputs"], scalars=[2.0], client=client, progress=False)
+    with pytest.raises(BatchError, match=r"calls it as \(outputs, scalars, inputs\) = "
+                                         r"\(1, 0, 2\)"):
+        run_batch(saxpy, saxpy_job["inputs"], saxpy_job["outputs"], client=client,
+                  progress=False)
+    with pytest.raises(BatchError, match="no input at"):
+        run_batch(saxpy, [str(tmp_path / "nope.zarr")], ["o.zarr"], client=client)
+    bundle = tmp_path / "saxpy.dgk"
+    dg.save(saxpy, bundle)
+    with pytest.raises(BatchError, match="PTX only .* MODULE:FUNCTION to simulate"):
+        run_batch(dg.load(bundle), saxpy_job["inputs"], saxpy_job["outputs"],
+                  scalars=[2.0], client=client, progress=False)
+    assert not os.path.exists(saxpy_job["outputs"][0][0])
+
+
+# -- command line ----------------------------------------------------------------
+def _argv(tmp_path, job, *extra):
+    kernel = tmp_path / "batchkern.py"
+    kernel.write_text(KERNEL_FILE)
+    argv = [f"{kernel}:saxpy", "--sig", SAXPY_SIG, "--scalar", "2.0", "--no-progress"]
+    for p in job["inputs"]:
+        argv += ["--input", p]
+    return argv + ["--output", f"{job['outputs'][0][0]}:float32", *extra]
+
+
+def test_cli_stops_at_max_chunks_then_resumes(client, saxpy_job, tmp_path, capsys):
+    from daskgpu._cli.main import main as daskgpu_main
+
+    address = ["--scheduler", client.scheduler.address, "--simulate"]
+    assert main(_argv(tmp_path, saxpy_job, *address, "--max-chunks", "3")) == 3
+    out = capsys.readouterr().out
+    assert "3/10 chunks written (3 this run, 0 before)" in out
+    assert "7 chunk(s) to go: run the same job again" in out
+    assert daskgpu_main(["batch", *_argv(tmp_path, saxpy_job, *address)]) == 0
+    assert "10/10 chunks written (7 this run, 3 before)" in capsys.readouterr().out
+    z = zarr.open_array(saxpy_job["outputs"][0][0], mode="r")
+    np.testing.assert_array_equal(z[:], saxpy_job["expected"])
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["k.py:f", "--output", "o.zarr"], "--input"),
+    (["k.py:f", "--input", "x.zarr", "--output", "o.zarr", "--scalar", "two"],
+     "cannot read scalar 'two'"),
+    (["k.py:f", "--input", "x", "--output", "o", "--chunks", "0"], "cannot read chunks"),
+    (["k.py:f", "--input", "x", "--output", "o", "--scheduler", "a", "--scheduler-file", "f"],
+     "not allowed with argument"),
+    (["k.dgk", "--sig", "void()", "--input", "x", "--output", "o"], "--sig is for"),
+])
+def test_cli_usage_errors_exit_2(argv, message, capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "k.dgk").write_text("{}")
+    assert main(argv) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_cli_interrupted_by_ctrl_c_loses_and_repeats_nothing(client, tmp_path):
+    x = np.arange(4000, dtype=np.float32)
+    y = np.ones(4000, np.float32)
+    job = {"inputs": [_zarr(tmp_path / "x.zarr", x, 200), _zarr(tmp_path / "y.zarr", y, 200)],
+           "outputs": [(str(tmp_path / "z.zarr"), np.float32)]}
+    out = job["outputs"][0][0]
+    argv = _argv(tmp_path, job, "--scheduler", client.scheduler.address, "--simulate")
+    proc = subprocess.Popen([sys.executable, "-m", "daskgpu", "batch", *argv],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while len(done_chunks(out)) < 3 and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "daskgpu batch interrupted:" in err and "run the same job again" in err
+    _wait_idle(client)  # a launch running at Ctrl-C still finishes and records its chunk
+    before = done_chunks(out)
+    assert 3 <= len(before) < 20
+
+    kernel = load_kernel(argv[0], [SAXPY_SIG])  # the same kernel, compiled here
+    report = run_batch(kernel, job["inputs"], job["outputs"], scalars=[2.0], client=client,
+                       progress=False)
+    assert set(report.skipped) == before
+    assert set(report.computed) == set(np.ndindex(20)) - before
+    np.testing.assert_array_equal(zarr.open_array(out, mode="r")[:], 2 * x + y)

@@ -1,0 +1,276 @@
+"""LocalGPUCluster: the spec it builds, and simulated (and real) clusters that start."""
+
+import os
+import time
+
+import dask
+import pytest
+from cuda.bindings import driver
+from distributed import Client, Nanny, Worker
+from distributed.security import Security
+
+import daskgpu as dg
+from daskgpu import _config
+from daskgpu._dask import cluster as _cluster
+from daskgpu._dask.cluster import (
+    parse_devices,
+    resolve_devices,
+    visible_devices,
+    worker_specs,
+)
+from daskgpu._dask.plugin import GPUWorkerPlugin
+
+UUID_A = "GPU-8f1c2d3e-0000-1111-2222-333344445555"
+UUID_B = "GPU-9a7b6c5d-0000-1111-2222-333344445555"
+MIG = "MIG-4b1e0f2a-0000-1111-2222-333344445555"
+
+
+# -- the spec, without starting processes --------------------------------------
+@pytest.mark.parametrize("given,expected", [
+    (0, (0,)),
+    ("0,1", (0, 1)),
+    (" 2 , 3 ,", (2, 3)),
+    ([1, "0"], (1, 0)),
+    ((UUID_A, MIG), (UUID_A, MIG)),
+    (f"{UUID_A},{UUID_B}", (UUID_A, UUID_B)),
+    (range(3), (0, 1, 2)),
+    (None, None),
+])
+def test_parse_devices(given, expected):
+    assert parse_devices(given) == expected
+
+
+@pytest.mark.parametrize("given,match", [
+    ([-1], "not a device"),
+    (["gpu0"], "not a device"),
+    ([True], "not a device"),
+    ([1.5], "not a device"),
+    ("GPU-", "not a device"),
+    ("", "names no device"),
+    ([], "names no device"),
+    ([0, "0"], "twice"),
+])
+def test_parse_devices_rejects(given, match):
+    with pytest.raises(ValueError, match=match):
+        parse_devices(given)
+
+
+def test_one_worker_per_device_with_rotated_visible_devices():
+    specs = worker_specs((0, 1, 2), simulate=False, threads_per_worker=2, memory_limit=None)
+    assert list(specs) == [0, 1, 2]
+    envs = [s["options"]["env"]["CUDA_VISIBLE_DEVICES"] for s in specs.values()]
+    assert envs == ["0,1,2", "1,2,0", "2,0,1"]
+    for spec in specs.values():
+        opts = spec["options"]
+        assert spec["cls"] is Nanny
+        assert opts["resources"] == {"GPU": 1}
+        assert opts["nthreads"] == 2
+        assert opts["memory_limit"] is None
+        assert opts["env"]["DASK_DASKGPU__SIMULATE"] == "False"
+        [plugin] = opts["plugins"]
+        assert isinstance(plugin, GPUWorkerPlugin)
+    plugins = [s["options"]["plugins"][0] for s in specs.values()]
+    assert len({id(p) for p in plugins}) == 3  # each worker records its own facts
+
+
+def test_rotation_with_uuids():
+    specs = worker_specs((UUID_A, UUID_B, MIG), simulate=False)
+    envs = [s["options"]["env"]["CUDA_VISIBLE_DEVICES"] for s in specs.values()]
+    assert envs == [f"{UUID_A},{UUID_B},{MIG}", f"{UUID_B},{MIG},{UUID_A}",
+                    f"{MIG},{UUID_A},{UUID_B}"]
+
+
+def test_spec_merges_user_options():
+    class Extra(GPUWorkerPlugin):
+        name = "extra"
+
+    extra = Extra()
+    specs = worker_specs((0,), simulate=False, resources={"MEM": 4, "GPU": 3},
+                         plugins=[extra], env={"OMP_NUM_THREADS": "1"})
+    opts = specs[0]["options"]
+    assert opts["resources"] == {"MEM": 4, "GPU": 1}
+    assert opts["plugins"][0] is extra and isinstance(opts["plugins"][1], GPUWorkerPlugin)
+    assert opts["env"] == {"OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": "0",
+                           "DASK_DASKGPU__SIMULATE": "False"}
+
+
+def test_simulated_workers_are_pinned_to_no_gpu():
+    # Their devices are not real: distributed's NVML monitor would fail on them.
+    specs = worker_specs((0, 1), simulate=True)
+    assert all("CUDA_VISIBLE_DEVICES" not in s["options"]["env"] for s in specs.values())
+
+
+def test_threaded_spec_uses_worker_without_env():
+    specs = worker_specs((0, 1), simulate=True, processes=False)
+    assert all(s["cls"] is Worker and "env" not in s["options"] for s in specs.values())
+
+
+def test_env_variable_reaches_dask_config():
+    # What a Nanny's env does in a fresh worker process: the variable dask.config reads.
+    [(key, value)] = worker_specs((0,), simulate=True)[0]["options"]["env"].items()
+    assert dask.config.collect_env({key: value}) == {"daskgpu": {"simulate": True}}
+
+
+def fake_gpus(monkeypatch, count):
+    ok = driver.CUresult.CUDA_SUCCESS
+    monkeypatch.setattr(driver, "cuInit", lambda flags: (ok,))
+    monkeypatch.setattr(driver, "cuDeviceGetCount", lambda: (ok, count))
+
+
+def test_visible_devices_counts_and_follows_cuda_visible_devices(monkeypatch):
+    fake_gpus(monkeypatch, 2)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert visible_devices() == ((0, 1), "")
+    # CUDA stops at the first entry it cannot use: the first `count` entries are it.
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", f"{UUID_B},{UUID_A},7")
+    assert visible_devices() == ((UUID_B, UUID_A), "")
+    fake_gpus(monkeypatch, 0)
+    assert visible_devices() == ((), "the CUDA driver reports no device")
+
+
+def test_resolve_devices(monkeypatch):
+    monkeypatch.setattr(_cluster, "visible_devices", lambda: ((3, 5), ""))
+    assert resolve_devices() == ((3, 5), False)
+    assert resolve_devices([UUID_A]) == ((UUID_A,), False)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5")
+    assert resolve_devices([5]) == ((5,), False)  # ordinals as the workers' env takes them
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    with pytest.raises(dg.DeviceError, match=r"names GPU 5, but this machine has 2 GPU\(s\)"):
+        resolve_devices([0, 5])
+    assert resolve_devices(simulate=True) == ((0, 1), True)
+    assert resolve_devices("0,1,2", simulate=True) == ((0, 1, 2), True)
+    with dask.config.set({"daskgpu.simulate": True}):
+        assert resolve_devices() == ((0, 1), True)
+        assert resolve_devices(simulate=False) == ((3, 5), False)
+
+
+def test_resolve_devices_without_gpu(monkeypatch, caplog):
+    monkeypatch.setattr(_cluster, "visible_devices", lambda: ((), "no driver here"))
+    with caplog.at_level("WARNING", logger="daskgpu"):
+        assert resolve_devices() == ((0, 1), True)
+        assert resolve_devices([0, 1, 2]) == ((0, 1, 2), True)
+    assert "2 simulated workers (no CUDA GPU found: no driver here)" in caplog.text
+    with pytest.raises(dg.DeviceError, match="no driver here.*pass simulate=True"):
+        resolve_devices(simulate=False)
+
+
+@pytest.mark.nogpu
+def test_simulate_false_without_gpu_errors_clearly():
+    before = _config.simulating()
+    with pytest.raises(dg.DeviceError, match="found no CUDA GPU.*Install the NVIDIA driver"):
+        dg.LocalGPUCluster(simulate=False)
+    assert _config.simulating() == before
+
+
+def test_threads_need_simulation(monkeypatch):
+    monkeypatch.setattr(_cluster, "visible_devices", lambda: ((0, 1), ""))
+    with pytest.raises(ValueError, match="cannot pin them to different GPUs"):
+        dg.LocalGPUCluster(processes=False)
+    assert _config.simulating() is False
+
+
+# -- a simulated cluster of two worker processes ---------------------------------
+@pytest.fixture(scope="module")
+def cluster():
+    with dg.LocalGPUCluster(simulate=True, dashboard_address=":0") as cluster:
+        yield cluster
+
+
+@pytest.fixture(scope="module")
+def client(cluster):
+    with Client(cluster) as client:
+        yield client
+
+
+def test_simulated_cluster_starts(cluster, client):
+    assert cluster.devices == (0, 1)
+    assert cluster.simulated is True
+    assert len(client.scheduler_info()["workers"]) == 2
+    assert _config.simulating() is True  # in this process too
+
+
+def test_each_worker_offers_one_gpu(client):
+    workers = client.scheduler_info()["workers"].values()
+    assert [w["resources"] for w in workers] == [{"GPU": 1}, {"GPU": 1}]
+    assert all(w["nthreads"] == 1 for w in workers)
+
+
+def test_simulate_flag_reaches_workers(client):
+    flags = client.run(lambda: dask.config.get("daskgpu.simulate"))
+    assert list(flags.values()) == [True, True]
+
+
+def test_device_info_on_simulated_workers(client):
+    info = client.run(dg.device_info)
+    assert len(info) == 2
+    for facts in info.values():
+        assert facts["simulated"] is True and facts["device_id"] == 0
+        assert facts["cuda_visible_devices"] == os.environ.get("CUDA_VISIBLE_DEVICES")
+
+
+def test_plugin_runs_again_after_restart(client):
+    client.restart()
+    recorded = client.run(lambda dask_worker: dask_worker.plugins["daskgpu-gpu"].info)
+    assert len(recorded) == 2
+    assert all(facts and facts["simulated"] for facts in recorded.values())
+
+
+def test_scale_is_bounded_by_devices(cluster, client):
+    with pytest.raises(ValueError, match="one worker per GPU.*give more devices"):
+        cluster.scale(3)
+    cluster.scale(1)
+    deadline = time.monotonic() + 30
+    while len(client.scheduler_info()["workers"]) != 1:
+        assert time.monotonic() < deadline, "worker 1 did not retire"
+        time.sleep(0.05)
+    cluster.scale(2)
+    client.wait_for_workers(2, timeout=30)
+    assert sorted(cluster.worker_spec) == [0, 1]
+    assert sorted(w["name"] for w in client.scheduler_info()["workers"].values()) == [0, 1]
+
+
+def test_config_restored_after_close():
+    with dask.config.set({"daskgpu.simulate": False}):
+        with dg.LocalGPUCluster(simulate=True, processes=False, dashboard_address=":0") as c:
+            assert c.simulated and _config.simulating() is True
+        assert _config.simulating() is False
+
+
+def test_tls(client):
+    pytest.importorskip("cryptography")
+    security = Security.temporary()
+    with dg.LocalGPUCluster(simulate=True, devices=[0], security=security,
+                            dashboard_address=":0") as cluster:
+        assert cluster.scheduler_address.startswith("tls://")
+        with Client(cluster) as tls_client:
+            workers = tls_client.scheduler_info()["workers"]
+            assert all(addr.startswith("tls://") for addr in workers)
+            assert tls_client.submit(sum, [1, 2, 3]).result() == 6
+            assert list(tls_client.run(dg.device_info).values())[0]["simulated"]
+
+
+def test_security_true_makes_temporary_credentials(monkeypatch):
+    pytest.importorskip("cryptography")
+    with dg.LocalGPUCluster(simulate=True, processes=False, security=True,
+                            dashboard_address=":0") as cluster:
+        assert cluster.scheduler_address.startswith("tls://")
+
+
+# -- real GPUs ---------------------------------------------------------------------
+@pytest.mark.gpu
+def test_real_cluster_pins_one_worker_per_gpu():
+    devices, _ = visible_devices()
+    # simulate=False: the module's simulated cluster has daskgpu.simulate on here.
+    with dg.LocalGPUCluster(simulate=False, dashboard_address=":0") as cluster, \
+            Client(cluster) as client:
+        assert cluster.devices == devices and cluster.simulated is False
+        assert _config.simulating() is False
+        names = {addr: w["name"] for addr, w in client.scheduler_info()["workers"].items()}
+        info = client.run(dg.device_info)
+        assert len(info) == len(devices)
+        for addr, facts in info.items():
+            assert facts["simulated"] is False
+            assert facts["device_id"] == 0
+            assert facts["cuda_visible_devices"].split(",")[0] == str(devices[names[addr]])
+            assert facts["total_memory"] > 0 and len(facts["cc"]) == 2
+        assert len({facts["uuid"] for facts in info.values()}) == len(devices)
