@@ -563,16 +563,26 @@ def map_kernel(kernel, *args, depth=None, boundary=None, tpb=0, name=None, grid_
     ...     dg.map_kernel(index, dg.Out(np.int64, shape=(6,), chunks=3), dg.offset).compute()
     array([0, 1, 2, 3, 4, 5])
     """
-    import dask.array as da
-    from dask.array.core import broadcast_chunks
-    from dask.array.overlap import trim_internal
-    from dask.array.utils import meta_from_array
-    from dask.base import tokenize
-
     _check_kernel(kernel)
     if operator.index(tpb) < 0:
         raise ValueError(f"tpb must be 0 (automatic) or positive, got {tpb!r}")
     roles, arrays = _classify(args)
+    ndim = _mapped_rank(arrays)
+    image, rank = _select_image(kernel, roles, arrays, ndim, grid_ndim)
+    ship = _shipped(kernel, image)
+    params, returns = _plan_params(kernel.__name__, image, roles, arrays, ndim)
+    if name is None:
+        from dask.base import tokenize
+
+        token = tokenize(image.hash, kernel.__name__, args, depth, boundary, int(tpb),
+                         rank, _config.simulating())
+        name = f"{kernel.__name__}-{token}"
+    return _build_graph(ship, roles, arrays, ndim, params, returns,
+                        rank=rank, tpb=int(tpb), depth=depth, boundary=boundary, name=name)
+
+
+def _mapped_rank(arrays) -> int:
+    """The rank of the mapped chunks: the highest of the arrays', which outputs must have."""
     ndim = max(len(a.shape) for a in arrays)
     for a in arrays:
         if isinstance(a, Out) and a.ndim != ndim:
@@ -582,7 +592,11 @@ def map_kernel(kernel, *args, depth=None, boundary=None, tpb=0, name=None, grid_
             )
     if ndim == 0:
         raise ValueError("map_kernel maps over arrays of at least one dimension")
+    return ndim
 
+
+def _select_image(kernel, roles, arrays, ndim, grid_ndim):
+    """The image that takes the chunks' types, and the rank of its launch grid."""
     image = _select(kernel, _examples(roles, arrays, ndim))
     rank = (image.grid_ndim or 1) if grid_ndim is None else operator.index(grid_ndim)
     if rank not in (1, ndim) or not 1 <= rank <= 3:
@@ -591,9 +605,17 @@ def map_kernel(kernel, *args, depth=None, boundary=None, tpb=0, name=None, grid_
             f"map_kernel launches 1-D over the chunk's elements or {ndim}-D over its "
             "shape (up to 3-D). Pass grid_ndim=1 to index the chunk's flat elements."
         )
-    ship = _shipped(kernel, image)
+    return image, rank
 
-    # Kernel parameters, with dg.offset expanded to one int64 per axis.
+
+def _plan_params(kernel_name, image, roles, arrays, ndim):
+    """What each kernel parameter is per chunk, and which of them a task returns.
+
+    Returns ``(params, returns)``: one entry per kernel parameter, with
+    ``dg.offset`` expanded to one int64 per axis, for :class:`_ChunkLaunch`;
+    and ``(parameter index, dtype)`` of the outputs, then of the dask inputs
+    the kernel writes.
+    """
     specs = iter(image.args)
     params, returns, written_inputs = [], [], []
     for kind, value in roles:
@@ -618,9 +640,19 @@ def map_kernel(kernel, *args, depth=None, boundary=None, tpb=0, name=None, grid_
     returns += written_inputs
     if not returns:
         raise ValueError(
-            f"kernel {kernel.__name__!r} has nothing to return: give an output "
+            f"kernel {kernel_name!r} has nothing to return: give an output "
             "dg.Out(dtype, like=x), or pass a dask array that the kernel writes"
         )
+    return tuple(params), tuple(returns)
+
+
+def _build_graph(ship, roles, arrays, ndim, params, returns, *, rank, tpb, depth, boundary,
+                 name):
+    """One launch task per chunk, on ``da.map_blocks``; the results as dask arrays."""
+    import dask.array as da
+    from dask.array.core import broadcast_chunks
+    from dask.array.overlap import trim_internal
+    from dask.array.utils import meta_from_array
 
     aligned, out_chunks = _align(arrays, ndim)
     blocks, halo, left, trim = _halo(aligned, out_chunks, ndim, depth, boundary)
@@ -629,7 +661,7 @@ def map_kernel(kernel, *args, depth=None, boundary=None, tpb=0, name=None, grid_
     # Outputs are allocated in the task that launches on them: a task per
     # output chunk would double the graph and the scheduler's work.
     block_chunks = broadcast_chunks(*(b.chunks for b in blocks))
-    fn = _ChunkLaunch(ship, tuple(params), tuple(i for i, _ in returns), rank, int(tpb),
+    fn = _ChunkLaunch(ship, params, tuple(i for i, _ in returns), rank, tpb,
                       block_chunks, starts, halo, left, base is not None)
 
     task_args = []
@@ -638,10 +670,6 @@ def map_kernel(kernel, *args, depth=None, boundary=None, tpb=0, name=None, grid_
             task_args.append(blocks[value])
         elif kind not in (OUT, OFFSET):
             task_args.append(value)
-    if name is None:
-        token = tokenize(image.hash, kernel.__name__, args, depth, boundary, int(tpb),
-                         rank, _config.simulating())
-        name = f"{kernel.__name__}-{token}"
 
     meta_of = (lambda dt: meta_from_array(base, ndim, dt)) if base is not None else (
         lambda dt: np.empty((0,) * ndim, dtype=dt))
