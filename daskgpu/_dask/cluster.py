@@ -56,7 +56,7 @@ class LocalGPUCluster(SpecCluster):
         True runs simulated workers, False requires a GPU. Default: simulated
         when ``daskgpu.simulate`` is already on or no GPU is found.
     threads_per_worker : int
-        Threads per worker; one keeps the GPU's launches in order.
+        Threads per worker, at least 1; one keeps the GPU's launches in order.
     processes : bool
         True (default) runs each worker in its own process under a Nanny.
         False runs workers as threads of this process, which cannot be pinned
@@ -68,7 +68,11 @@ class LocalGPUCluster(SpecCluster):
 interface, silence_logs, memory_limit, asynchronous, loop, name, scheduler_kwargs
         As for ``distributed.LocalCluster``.
     **worker_kwargs
-        Further options for each worker (or Nanny).
+        Further options for each worker (or Nanny). Options that neither takes,
+        and dask-cuda's (``n_workers``, ``CUDA_VISIBLE_DEVICES``,
+        ``device_memory_limit``, ``rmm_pool_size``, ...), raise ``TypeError``
+        before any process starts; for spilling, RMM and UCX use dask-cuda's
+        ``LocalCUDACluster`` with :class:`~daskgpu.GPUWorkerPlugin`.
 
     Attributes
     ----------
@@ -100,6 +104,8 @@ interface, silence_logs, memory_limit, asynchronous, loop, name, scheduler_kwarg
                  interface=None, silence_logs=logging.WARN, memory_limit="auto",
                  asynchronous=False, loop=None, name=None, scheduler_kwargs=None,
                  **worker_kwargs):
+        # Refuse what no worker would take now, before any process starts.
+        check_options(threads_per_worker, worker_kwargs, processes=processes)
         devices, simulate = resolve_devices(devices, simulate)
         if not processes and not simulate:
             raise ValueError(
@@ -171,6 +177,80 @@ interface, silence_logs, memory_limit, asynchronous, loop, name, scheduler_kwarg
         guard, self._config_guard = getattr(self, "_config_guard", None), None
         if guard is not None:
             guard.__exit__(None, None, None)
+
+
+#: dask-cuda's ``LocalCUDACluster`` options: what daskgpu offers instead.
+_DASK_CUDA_OPTIONS = {
+    "CUDA_VISIBLE_DEVICES": "devices=, e.g. devices=[0, 1] or devices=\"0,1\"",
+    "n_workers": "devices=: one worker runs per GPU, e.g. devices=[0, 1] for two",
+    "nthreads": "threads_per_worker=",
+}
+#: dask-cuda features LocalGPUCluster leaves to dask-cuda.
+_DASK_CUDA_ONLY = frozenset({
+    "device_memory_limit", "enable_cudf_spill", "cudf_spill_stats", "jit_unspill",
+    "log_spilling", "rmm_pool_size", "rmm_maximum_pool_size", "rmm_managed_memory",
+    "rmm_async", "rmm_allocator_external_lib_list", "rmm_release_threshold",
+    "rmm_log_directory", "rmm_track_allocations", "enable_tcp_over_ucx",
+    "enable_infiniband", "enable_nvlink", "enable_rdmacm", "ucx_net_devices", "pre_import",
+})
+
+
+def check_options(threads_per_worker, worker_kwargs, *, processes=True) -> None:
+    """Refuse options that no worker would take, before any process starts.
+
+    Raises ``TypeError`` for an option ``LocalGPUCluster`` does not take: one
+    of dask-cuda's gets the daskgpu equivalent, or for spilling, RMM and UCX
+    points to dask-cuda's ``LocalCUDACluster`` with
+    :class:`~daskgpu.GPUWorkerPlugin`; anything else that neither
+    ``distributed.Worker`` nor ``Nanny`` takes is named too. Raises
+    ``ValueError`` when ``threads_per_worker`` is not an integer of at least 1.
+
+    Examples
+    --------
+    >>> check_options(1, {"death_timeout": 10})
+    >>> check_options(1, {"n_workers": 2})
+    Traceback (most recent call last):
+    ...
+    TypeError: LocalGPUCluster takes no n_workers=; use devices=: one worker runs per GPU, e.g. devices=[0, 1] for two
+    >>> check_options(0, {})
+    Traceback (most recent call last):
+    ...
+    ValueError: LocalGPUCluster(threads_per_worker=0): a worker needs at least 1 thread; the default 1 keeps each GPU's launches in order
+    """
+    if isinstance(threads_per_worker, bool) or not isinstance(threads_per_worker, int) \
+            or threads_per_worker < 1:
+        raise ValueError(
+            f"LocalGPUCluster(threads_per_worker={threads_per_worker!r}): a worker needs at "
+            "least 1 thread; the default 1 keeps each GPU's launches in order"
+        )
+    for key in worker_kwargs:
+        if key in _DASK_CUDA_OPTIONS:
+            raise TypeError(f"LocalGPUCluster takes no {key}=; use {_DASK_CUDA_OPTIONS[key]}")
+        if key in _DASK_CUDA_ONLY:
+            raise TypeError(
+                f"LocalGPUCluster takes no {key}=: that is dask-cuda's. For spilling, RMM "
+                "pools and UCX run dask_cuda.LocalCUDACluster and set its workers up for "
+                "daskgpu with client.register_plugin(daskgpu.GPUWorkerPlugin())"
+            )
+    unknown = sorted(set(worker_kwargs) - _worker_options(processes))
+    if unknown:
+        raise TypeError(
+            f"LocalGPUCluster got unexpected option(s) {', '.join(f'{k}=' for k in unknown)}: "
+            f"they go to each distributed.{'Nanny' if processes else 'Worker'}, which does "
+            "not take them; see help(daskgpu.LocalGPUCluster)"
+        )
+
+
+def _worker_options(processes) -> set:
+    """The keyword options a worker (and its Nanny) accepts."""
+    import inspect
+
+    from distributed.core import Server
+
+    classes = (Worker, Server, Nanny) if processes else (Worker, Server)
+    return {name for cls in classes
+            for name, p in inspect.signature(cls.__init__).parameters.items()
+            if p.kind is p.KEYWORD_ONLY or p.kind is p.POSITIONAL_OR_KEYWORD} - {"self"}
 
 
 def _transport(security, protocol, host, interface, processes, scheduler_port):

@@ -274,3 +274,36 @@ def test_real_cluster_pins_one_worker_per_gpu():
             assert facts["cuda_visible_devices"].split(",")[0] == str(devices[names[addr]])
             assert facts["total_memory"] > 0 and len(facts["cc"]) == 2
         assert len({facts["uuid"] for facts in info.values()}) == len(devices)
+
+
+# -- options checked before any process starts ----------------------------------
+@pytest.mark.parametrize("option,value,fix", [
+    ("CUDA_VISIBLE_DEVICES", "0,1", r"use devices="),
+    ("n_workers", 2, r"use devices=: one worker runs per GPU"),
+    ("nthreads", 2, r"use threads_per_worker="),
+    ("device_memory_limit", "1GB", r"dask_cuda\.LocalCUDACluster .*GPUWorkerPlugin"),
+    ("rmm_pool_size", "2GB", r"dask_cuda\.LocalCUDACluster .*GPUWorkerPlugin"),
+    ("enable_nvlink", True, r"dask_cuda\.LocalCUDACluster"),
+    ("no_such_option", 1, r"unexpected option\(s\) no_such_option=.*distributed\.Nanny"),
+])
+def test_options_it_does_not_take_raise_before_any_process_starts(option, value, fix,
+                                                                  monkeypatch):
+    started = []
+    monkeypatch.setattr(_cluster.SpecCluster, "__init__",
+                        lambda *a, **k: started.append(a))
+    with pytest.raises(TypeError, match=fix):
+        dg.LocalGPUCluster(simulate=True, **{option: value})
+    assert not started
+
+
+def test_threaded_workers_take_worker_options_only():
+    _cluster.check_options(1, {"death_timeout": 5, "preload": []}, processes=False)
+    with pytest.raises(TypeError, match=r"worker_class=.*distributed\.Worker"):
+        _cluster.check_options(1, {"worker_class": Worker}, processes=False)
+    _cluster.check_options(1, {"worker_class": Worker, "env": {}}, processes=True)
+
+
+@pytest.mark.parametrize("threads", [0, -1, 1.5, True, "2"])
+def test_threads_per_worker_must_be_a_positive_integer(threads):
+    with pytest.raises(ValueError, match=f"threads_per_worker={threads!r}.*at least 1"):
+        dg.LocalGPUCluster(simulate=True, threads_per_worker=threads)
