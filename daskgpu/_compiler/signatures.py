@@ -7,7 +7,7 @@ from numba.cuda import types
 from numba.cuda.core import sigutils
 
 from daskgpu._errors import CompileError
-from daskgpu._image.argspec import ArgSpec, array_info, layout_of
+from daskgpu._image.argspec import ArgSpec, array_info, dtype_code, layout_of
 
 
 def normalize(sig) -> tuple:
@@ -32,22 +32,26 @@ def to_argspec(typ, position: int, fname: str) -> ArgSpec:
     if isinstance(typ, types.Array):
         dtype = _dtype_name(typ.dtype, position, fname)
         return ArgSpec("array", dtype, typ.ndim, typ.layout)
-    if isinstance(typ, (types.Number, types.Boolean)):
+    if isinstance(typ, types.Record):
+        return ArgSpec("record", _dtype_name(typ, position, fname))
+    if isinstance(typ, (types.Number, types.Boolean, types.NPDatetime, types.NPTimedelta)):
         return ArgSpec("scalar", _dtype_name(typ, position, fname))
     raise CompileError(
         f"parameter {position} of {fname!r} has type {typ}; daskgpu ships kernels whose "
-        "parameters are arrays and scalars (bool, ints, floats, complex). Pass other "
-        "data as arrays."
+        "parameters are arrays, numbers, bool, datetime64/timedelta64 and records. Pass "
+        "other data as arrays."
     )
 
 
 def _dtype_name(typ, position, fname) -> str:
+    from numba.np import numpy_support
+
     try:
-        return np.dtype(str(typ) if str(typ) != "boolean" else "bool").name
-    except TypeError:
+        return dtype_code(numpy_support.as_dtype(typ))
+    except (TypeError, ValueError, NotImplementedError) as exc:
         raise CompileError(
             f"parameter {position} of {fname!r} has element type {typ}, which has no "
-            "numpy dtype daskgpu can marshal"
+            f"numpy dtype daskgpu can marshal ({exc})"
         ) from None
 
 
@@ -60,6 +64,12 @@ def typeof_args(args) -> tuple:
         info = array_info(a)
         if info is not None:
             dtype, shape, strides, _ = info
+            if dtype.kind == "V" and dtype.names is None:
+                # The CUDA array interface spells records "|V<n>"; the array's
+                # own dtype (Numba's device arrays) has the fields.
+                own = getattr(a, "dtype", None)
+                if isinstance(own, np.dtype) and own.itemsize == dtype.itemsize:
+                    dtype = own
             nb = numpy_support.from_dtype(dtype)
             out.append(types.Array(nb, len(shape), layout_of(shape, strides, dtype.itemsize)))
         else:

@@ -7,6 +7,7 @@ alone.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 import numpy as np
@@ -20,15 +21,26 @@ SCALAR_DTYPES = frozenset(
 )
 
 
+#: Parameter kinds: arrays (host or device), numbers by value, and records by
+#: value (passed as a pointer to a device copy, as Numba does).
+KINDS = ("array", "scalar", "record")
+
+#: How a record dtype is spelled in an :class:`ArgSpec`: this prefix, then JSON.
+RECORD_PREFIX = "record"
+
+
 @dataclass(frozen=True)
 class ArgSpec:
     """One kernel parameter.
 
     Parameters
     ----------
-    kind : {"array", "scalar"}
+    kind : {"array", "scalar", "record"}
+        "record" is a structured scalar (``np.record``/``np.void``) passed by value.
     dtype : str
-        numpy dtype name of the scalar or of the array's elements.
+        The dtype of the scalar or of the array's elements, as :func:`dtype_code`
+        spells it: a numpy dtype name (``"float32"``, ``"datetime64[ns]"``), or
+        ``"record"`` followed by the JSON of a structured dtype's fields.
     ndim : int
         Array rank; 0 for scalars.
     layout : {"C", "F", "A"}
@@ -41,12 +53,13 @@ class ArgSpec:
     layout: str = "A"
 
     def __post_init__(self):
-        if self.kind not in ("array", "scalar"):
-            raise ValueError(f"ArgSpec kind must be 'array' or 'scalar', got {self.kind!r}")
-        if self.dtype not in SCALAR_DTYPES:
+        if self.kind not in KINDS:
+            raise ValueError(f"ArgSpec kind must be one of {KINDS}, got {self.kind!r}")
+        dtype = dtype_of(self.dtype)  # raises for what daskgpu cannot marshal
+        if (self.kind == "record") != (dtype.names is not None) and self.kind != "array":
             raise ValueError(
-                f"daskgpu supports parameters of dtypes {sorted(SCALAR_DTYPES)}, "
-                f"got {self.dtype!r}"
+                f"an ArgSpec of kind {self.kind!r} cannot have dtype {self.dtype!r}: records "
+                "by value have kind 'record', numbers kind 'scalar'"
             )
         if self.layout not in ("C", "F", "A"):
             raise ValueError(f"ArgSpec layout must be 'C', 'F' or 'A', got {self.layout!r}")
@@ -57,10 +70,10 @@ class ArgSpec:
 
     @property
     def np_dtype(self) -> np.dtype:
-        return _DTYPES[self.dtype]
+        return dtype_of(self.dtype)
 
     def __str__(self) -> str:
-        name = _NUMBA_DTYPE_NAMES.get(self.dtype, self.dtype)
+        name = _NUMBA_DTYPE_NAMES.get(self.dtype) or _readable(self.np_dtype)
         if not self.is_array:
             return name
         dims = [":"] * self.ndim
@@ -80,14 +93,114 @@ class ArgSpec:
         if self.kind == "array":
             return (
                 info is not None
-                and info[0] == _DTYPES[self.dtype]
+                and dtype_fits(info[0], dtype_of(self.dtype))
                 and len(info[1]) == self.ndim
                 and (self.layout == "A" or _has_layout(info[1], info[2], info[0].itemsize, self.layout))
             )
-        return info is None and _scalar_fits(value, _DTYPES[self.dtype])
+        if self.kind == "record":
+            return info is None and isinstance(value, np.void) and value.dtype == dtype_of(self.dtype)
+        return info is None and _scalar_fits(value, dtype_of(self.dtype))
 
 
 _DTYPES = {name: np.dtype(name) for name in SCALAR_DTYPES}
+
+
+def dtype_fits(have: np.dtype, want: np.dtype) -> bool:
+    """Whether array elements of dtype ``have`` can be passed where ``want`` is compiled.
+
+    The CUDA array interface spells a record dtype ``"|V<itemsize>"`` and its
+    ``descr`` is optional (Numba's device arrays leave it out), so an
+    unstructured void dtype of the record's size is taken for the record.
+    """
+    if have is want or have == want:
+        return True
+    return (want.names is not None and have.kind == "V" and have.names is None
+            and have.subdtype is None and have.itemsize == want.itemsize)
+
+
+def dtype_code(dtype) -> str:
+    """The plain-data spelling of a dtype in an :class:`ArgSpec`.
+
+    Numbers, bool, datetime64 and timedelta64 are their numpy names. A
+    structured dtype is ``"record"`` followed by JSON of its ``names``,
+    ``formats`` (each spelled likewise, a sub-array as ``[code, shape]``),
+    ``offsets``, ``itemsize`` and ``aligned``: the bytes as Numba's data
+    model lays them out, which is numpy's layout of the same dtype.
+
+    Examples
+    --------
+    >>> dtype_code(np.float32)
+    'float32'
+    >>> dtype_code(np.dtype([("s0", np.uint64), ("s1", np.uint64)], align=True))
+    'record{"names":["s0","s1"],"formats":["uint64","uint64"],"offsets":[0,8],"itemsize":16,"aligned":true}'
+    """
+    dtype = np.dtype(dtype)
+    if dtype.names is None:
+        if dtype.subdtype is not None:
+            base, shape = dtype.subdtype
+            return json.dumps([dtype_code(base), list(shape)], separators=(",", ":"))
+        if dtype.byteorder == ">" or dtype.kind not in "biufcmM":
+            raise ValueError(
+                f"daskgpu passes numbers, bool, datetime64, timedelta64 and records of "
+                f"them in native byte order, not dtype {dtype!r}"
+            )
+        return dtype.name
+    fields = {
+        "names": list(dtype.names),
+        "formats": [_field_code(dtype.fields[n][0]) for n in dtype.names],
+        "offsets": [int(dtype.fields[n][1]) for n in dtype.names],
+        "itemsize": int(dtype.itemsize),
+        "aligned": bool(dtype.isalignedstruct),
+    }
+    return RECORD_PREFIX + json.dumps(fields, separators=(",", ":"))
+
+
+def _field_code(dtype):
+    if dtype.subdtype is not None:
+        base, shape = dtype.subdtype
+        return [_field_code(base), list(shape)]
+    return dtype_code(dtype)
+
+
+def _field_dtype(code):
+    if isinstance(code, list):
+        return (_field_dtype(code[0]), tuple(code[1]))
+    return dtype_of(code)
+
+
+def dtype_of(code: str) -> np.dtype:
+    """The numpy dtype that :func:`dtype_code` spelled as ``code``."""
+    dtype = _DTYPES.get(code)
+    if dtype is not None:
+        return dtype
+    try:
+        if code.startswith(RECORD_PREFIX):
+            f = json.loads(code[len(RECORD_PREFIX):])
+            spec = {"names": f["names"], "formats": [_field_dtype(c) for c in f["formats"]],
+                    "offsets": f["offsets"], "itemsize": f["itemsize"]}
+            dtype = np.dtype(spec, align=bool(f.get("aligned")))
+        elif code.startswith(("datetime64", "timedelta64")):
+            dtype = np.dtype(code)
+        else:
+            raise ValueError("not a dtype daskgpu passes")
+    except (ValueError, TypeError, KeyError, AttributeError) as exc:
+        raise ValueError(
+            f"daskgpu supports parameters of dtypes {sorted(SCALAR_DTYPES)}, datetime64, "
+            f"timedelta64 and records of those; cannot read dtype {code!r} ({exc})"
+        ) from None
+    if len(_DTYPES) < 4096:  # bounded: codes come from images, not from data
+        _DTYPES[code] = dtype
+    return dtype
+
+
+def _readable(dtype: np.dtype) -> str:
+    # Numba's spelling, shortened: Record(a:int8@0,b:float64@8;16;aligned)
+    if dtype.names is None:
+        return dtype.name
+    fields = ",".join(
+        f"{n}:{_readable(dtype.fields[n][0])}@{dtype.fields[n][1]}" for n in dtype.names
+    )
+    return f"Record({fields};{dtype.itemsize}{';aligned' if dtype.isalignedstruct else ''})"
 
 
 def array_info(value):
@@ -130,9 +243,22 @@ def _read_zeroed(value):
 def _read_cai(value):
     cai = value.__cuda_array_interface__
     dtype = np.dtype(cai["typestr"])
+    if dtype.kind == "V" and cai.get("descr"):
+        dtype = _dtype_from_descr(cai["descr"], dtype)
     shape = tuple(cai["shape"])
     strides = cai.get("strides") or c_strides(shape, dtype.itemsize)
     return dtype, shape, tuple(strides), cai["data"][0]
+
+
+def _dtype_from_descr(descr, plain):
+    # numpy's own reader of descr lists, padding fields included.
+    try:
+        from numpy.lib.format import descr_to_dtype
+
+        dtype = descr_to_dtype([tuple(d) for d in descr])
+    except Exception:  # a descr numpy cannot read: the record spec decides by size
+        return plain
+    return dtype if dtype.itemsize == plain.itemsize else plain
 
 
 def _read_cupy(value):
@@ -209,16 +335,23 @@ def mismatch(spec: ArgSpec, value) -> str | None:
         if info is None:
             return f"expects an array {spec}, got {describe(value)}"
         dtype, shape, strides, _ = info
-        if dtype != spec.np_dtype:
-            return f"expects dtype {spec.dtype}, got {dtype.name}; convert with .astype({spec.dtype!r})"
+        if not dtype_fits(dtype, spec.np_dtype):
+            want = _readable(spec.np_dtype)
+            if spec.np_dtype.names is not None:
+                return (f"expects elements of dtype {want}, got {_readable(dtype)}; a record "
+                        "array must have the same fields, offsets and itemsize")
+            return f"expects dtype {want}, got {_readable(dtype)}; convert with .astype({want!r})"
         if len(shape) != spec.ndim:
             return f"expects a {spec.ndim}-D array, got {len(shape)}-D of shape {tuple(shape)}"
         fix = "np.ascontiguousarray(a)" if spec.layout == "C" else "np.asfortranarray(a)"
         return (f"expects a {spec.layout}-contiguous array, got a "
                 f"{layout_of(shape, strides, dtype.itemsize)}-layout one; pass {fix}")
     if info is not None:
-        return f"expects a scalar {spec.dtype}, got an array"
+        return f"expects a scalar {_readable(spec.np_dtype)}, got an array"
     dtype = spec.np_dtype
+    if spec.kind == "record" or dtype.kind in "mM":
+        return (f"expects a {_readable(dtype)} scalar of exactly that dtype, got "
+                f"{describe(value)}")
     if dtype.kind in "iu" and isinstance(value, (int, np.integer)) and not isinstance(value, bool):
         info_ = np.iinfo(dtype)
         return f"value {value} overflows {spec.dtype} (range {info_.min}..{info_.max})"
@@ -226,6 +359,8 @@ def mismatch(spec: ArgSpec, value) -> str | None:
 
 
 def _scalar_fits(value, dtype: np.dtype) -> bool:
+    if dtype.kind in "mM":  # a unit is part of the type, as in Numba
+        return isinstance(value, (np.datetime64, np.timedelta64)) and value.dtype == dtype
     if isinstance(value, (bool, np.bool_)):
         return dtype.kind == "b"
     if isinstance(value, np.generic):
@@ -260,9 +395,13 @@ def describe(value) -> str:
         dtype, shape, strides, _ = info
         layout = layout_of(shape, strides, dtype.itemsize)
         where = "host" if isinstance(value, np.ndarray) else "device"
-        return str(ArgSpec("array", dtype.name, len(shape), layout)) + f" ({where})"
+        try:
+            spelled = str(ArgSpec("array", dtype_code(dtype), len(shape), layout))
+        except ValueError:
+            spelled = f"array({dtype}, {len(shape)}d, {layout})"
+        return spelled + f" ({where})"
     if isinstance(value, np.generic):
-        return value.dtype.name
+        return _readable(value.dtype)
     return type(value).__name__
 
 

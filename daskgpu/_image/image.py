@@ -73,8 +73,10 @@ class KernelImage:
         if not self.ptx:
             raise ValueError(f"KernelImage {self.name!r} has no PTX")
         for i in self.writes:
-            if not self.args[i].is_array:
-                raise ValueError(f"write set index {i} of {self.name!r} is not an array")
+            if self.args[i].kind not in ("array", "record"):
+                raise ValueError(
+                    f"write set index {i} of {self.name!r} is not an array or a record"
+                )
 
     @property
     def hash(self) -> str:

@@ -11,7 +11,7 @@ from cuda.bindings import driver
 from cuda.core import ObjectCode
 
 from daskgpu import _config
-from daskgpu._errors import DeviceError
+from daskgpu._errors import DeviceError, LaunchConfigError
 from daskgpu._image.argspec import _READERS, Zeroed, _has_layout
 from daskgpu._runtime import device as _device
 from daskgpu._runtime._cuda import (
@@ -52,6 +52,15 @@ class LinkedKernel:
             "cuFuncGetAttribute",
         )
         self.layout = ParamLayout(image.args)
+        # Grid-synchronising kernels are launched cooperatively, as numba-cuda does.
+        self.cooperative = bool(image.option("cooperative"))
+        carveout = image.option("shared_memory_carveout")
+        if carveout is not None:
+            check(driver.cuFuncSetAttribute(
+                self.function,
+                driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT,
+                carveout,
+            ), "cuFuncSetAttribute")
         # Debug kernels report a raised exception through these globals.
         self.errcode = self._global(image.entry + "__errcode__") if image.option("debug") else None
         self._block_size = {}
@@ -75,11 +84,29 @@ class LinkedKernel:
         """``(griddim, blockdim)`` for ``config``, checked against the device once."""
         dims = self._dims.get(config)
         if dims is None:
-            dims = launch_dims(config, self)
+            dims = launch_dims(config, self, state.limits.max_grid_dim)
             state.limits.check(*dims, config.sharedmem, self.max_threads, name)
+            if self.cooperative:
+                self.check_cooperative(*dims, config.sharedmem, state, name)
             if len(self._dims) < 1024:
                 self._dims[config] = dims
         return dims
+
+    def check_cooperative(self, griddim, blockdim, sharedmem, state, name):
+        """Refuse a cooperative grid larger than can be resident at once."""
+        threads = blockdim[0] * blockdim[1] * blockdim[2]
+        per_sm = check(driver.cuOccupancyMaxActiveBlocksPerMultiprocessor(
+            self.function, threads, sharedmem), "cuOccupancyMaxActiveBlocksPerMultiprocessor")
+        most = per_sm * state.device.properties.multiprocessor_count
+        blocks = griddim[0] * griddim[1] * griddim[2]
+        if blocks > most:
+            raise LaunchConfigError(
+                f"kernel {name!r} synchronises its whole grid (cooperative groups), so all "
+                f"of its blocks must be resident at once: this device holds at most {most} "
+                f"blocks of {threads} threads with {sharedmem} bytes of shared memory, and "
+                f"the grid {griddim} has {blocks}. Launch at most {most} blocks (and loop "
+                "over the data in the kernel), or use smaller blocks."
+            )
 
     def block_size(self, sharedmem: int) -> int:
         """The occupancy API's block size for this kernel and shared memory."""
@@ -118,15 +145,44 @@ def linked(image, state) -> LinkedKernel:
     return module_cache.get(key, build)
 
 
-def launch_dims(config, kernel: LinkedKernel):
+def launch_dims(config, kernel: LinkedKernel, max_grid=(2**31 - 1, 65535, 65535)):
     """``(griddim, blockdim)`` as 3-tuples; forall configs get occupancy blocks."""
     if config.ntasks is None:
         return config.griddim, config.blockdim
     ntasks = config.ntasks if isinstance(config.ntasks, tuple) else (config.ntasks,)
     size = config.tpb or kernel.block_size(config.sharedmem)
-    block = block_shape(size, ntasks)
+    block = fit_grid(ntasks, block_shape(size, ntasks), max_grid)
     grid = tuple(max(1, -(-n // b)) for n, b in zip(ntasks, block))
     return _pad3(grid), _pad3(block)
+
+
+_MAX_BLOCK = (1024, 1024, 64)
+
+
+def fit_grid(ntasks: tuple, block: tuple, max_grid: tuple) -> tuple:
+    """``block`` reshaped, its thread count kept, so that no grid axis exceeds its limit.
+
+    The y and z grid axes take at most 65535 blocks: an axis of more tasks
+    gets more threads of the block, taken from the axes that need them least.
+    """
+    block = list(block)
+    total = math.prod(block)
+    for axis, n in enumerate(ntasks):
+        need = -(-n // max_grid[axis])
+        while block[axis] < need:
+            if block[axis] * 2 > _MAX_BLOCK[axis]:
+                raise LaunchConfigError(
+                    f"forall over {ntasks} tasks needs more than {max_grid[axis]} blocks "
+                    f"along axis {axis} even with {block[axis]} threads of each block there; "
+                    "the device cannot launch that grid. Put the longest axis first "
+                    "(grid x allows 2**31 - 1 blocks) or split the launch."
+                )
+            block[axis] *= 2
+            others = [a for a in range(len(block)) if a != axis and block[a] > 1]
+            if math.prod(block) > total and others:
+                widest = max(others, key=lambda a: block[a])
+                block[widest] //= 2
+    return tuple(block)
 
 
 def block_shape(size: int, ntasks: tuple) -> tuple:
@@ -195,6 +251,7 @@ class _HostStaging:
         self.allocations = []
         self.allocated_bytes = 0
         self.copy_back = []
+        self.keep = []  # host sources of asynchronous copies, alive until finish()
         self.min_pipelined = int(_config.get("pipeline-min-bytes"))
 
     def stage(self, arg, written: bool):
@@ -236,6 +293,27 @@ class _HostStaging:
             self.copy_back.append((array, host, dptr, direct))
         return (int(dptr), host.shape, host.strides, host.itemsize)
 
+    def stage_record(self, record, written: bool) -> int:
+        """Copy record scalar ``record`` to the device; return its device address.
+
+        Numba passes a record by reference to a device copy and copies it back
+        after the launch (``cuda.InOut``): a written record comes back in
+        place, into the array it is an element of when it is one.
+        """
+        host = np.empty(1, record.dtype)
+        host[0] = record
+        dptr = self._allocate(host.nbytes)
+        self.allocations.append(dptr)
+        self.allocated_bytes += host.nbytes
+        check(
+            driver.cuMemcpyHtoDAsync(dptr, host.ctypes.data, host.nbytes, self.stream),
+            "cuMemcpyHtoDAsync",
+        )
+        self.keep.append(host)
+        if written:
+            self.copy_back.append((record, host, dptr, True))
+        return int(dptr)
+
     def _allocate(self, nbytes: int):
         err, dptr = driver.cuMemAllocAsync(nbytes, self.stream)
         if err == _SUCCESS:
@@ -257,8 +335,14 @@ class _HostStaging:
                 stager().to_host(host, dptr, self.stream)
         check(driver.cuStreamSynchronize(self.stream), "cuStreamSynchronize")
         for array, host, *_ in self.copy_back:
-            if host is not array:
+            if type(array) is np.void or isinstance(array, np.void):
+                # A record scalar cannot take a[...] = ...; its fields can,
+                # and write through to the array it views.
+                for name in array.dtype.names:
+                    array[name] = host[0][name]
+            elif host is not array:
                 array[...] = host
+        self.keep.clear()
 
     def free(self):
         for dptr in self.allocations:
@@ -326,6 +410,9 @@ def run(image, config, args, infos):
     Host arrays are copied in, and those the kernel writes copied back, before
     this returns; launches on device arrays only are asynchronous, as in Numba.
     """
+    if config.ntasks is not None and 0 in (
+            config.ntasks if isinstance(config.ntasks, tuple) else (config.ntasks,)):
+        return  # forall over no tasks launches nothing, as in Numba
     state = _device.current()
     kernel = linked(image, state)
     griddim, blockdim = kernel.dims(config, state, image.name)
@@ -342,7 +429,11 @@ def run(image, config, args, infos):
         for i, spec in enumerate(image.args):
             info = infos[i]
             if info is None:
-                flatten(spec, args[i], values)
+                if spec.kind == "record":  # by value: a pointer to a device copy
+                    staging = staging or _HostStaging(stream)
+                    flatten(spec, staging.stage_record(args[i], i in writes), values)
+                else:
+                    flatten(spec, args[i], values)
             elif info[3] is None:
                 staging = staging or _HostStaging(stream)
                 flatten(spec, staging.stage(args[i], i in writes), values)
@@ -354,9 +445,14 @@ def run(image, config, args, infos):
         params = kernel.layout.pack(values)
         if kernel.errcode is not None:
             check(driver.cuMemsetD32Async(kernel.errcode, 0, 1, stream), "cuMemsetD32Async")
-        err = _cuLaunchKernel(
-            kernel.function, *griddim, *blockdim, config.sharedmem, stream, params, 0
-        )[0]
+        if kernel.cooperative:
+            err = driver.cuLaunchCooperativeKernel(
+                kernel.function, *griddim, *blockdim, config.sharedmem, stream, params
+            )[0]
+        else:
+            err = _cuLaunchKernel(
+                kernel.function, *griddim, *blockdim, config.sharedmem, stream, params, 0
+            )[0]
         if err != _SUCCESS:  # the message is only formatted when needed
             raise CUDAError(err, f"launching kernel {image.name!r}")
         if staging is not None:
@@ -446,9 +542,14 @@ def device_launch(image, config, infos) -> DeviceLaunch | None:
     """
     if config.stream or any(info is not None and info[3] is None for info in infos):
         return None
+    if any(spec.kind == "record" for spec in image.args):  # each needs a device copy
+        return None
+    if config.ntasks is not None and 0 in (
+            config.ntasks if isinstance(config.ntasks, tuple) else (config.ntasks,)):
+        return None
     state = _device.current()
     kernel = linked(image, state)
-    if kernel.errcode is not None:
+    if kernel.errcode is not None or kernel.cooperative:
         return None
     griddim, blockdim = kernel.dims(config, state, image.name)
     return DeviceLaunch(image, kernel, state, griddim, blockdim, config.sharedmem)

@@ -5,6 +5,10 @@ becomes ``meminfo, parent, nitems, itemsize, data, shape[n], strides[n]`` (all
 64-bit), a complex scalar becomes two floats, a bool one byte. The layout of an
 image's parameters is computed once; each launch packs its values into a
 reusable buffer whose parameter addresses go to ``cuLaunchKernel`` unchanged.
+
+A record passed by value is, in Numba's data model, a pointer to its bytes: the
+launcher copies the record to the device and passes that address (64-bit), as
+numba-cuda's dispatcher does. datetime64 and timedelta64 are int64 counts.
 """
 
 from __future__ import annotations
@@ -27,7 +31,12 @@ def param_codes(spec) -> str:
     """The struct codes of the PTX parameters one argument spec flattens to."""
     if spec.is_array:
         return "q" * (5 + 2 * spec.ndim)
-    return _SCALAR_CODES[spec.dtype]
+    if spec.kind == "record":
+        return "Q"
+    code = _SCALAR_CODES.get(spec.dtype)
+    if code is None and spec.dtype.startswith(("datetime64", "timedelta64")):
+        return "q"
+    return code
 
 
 class ParamLayout:
@@ -75,8 +84,9 @@ class ParamLayout:
 def flatten(spec, value, out: list) -> None:
     """Append the flattened parameter values of one argument to ``out``.
 
-    Arrays come as ``(pointer, shape, strides, itemsize)``; scalars as Python
-    or numpy scalars already matched against ``spec``.
+    Arrays come as ``(pointer, shape, strides, itemsize)``; records as the
+    device address of their copy; scalars as Python or numpy scalars already
+    matched against ``spec``.
     """
     if spec.is_array:
         ptr, shape, strides, itemsize = value
@@ -87,8 +97,13 @@ def flatten(spec, value, out: list) -> None:
         out += shape
         out += strides
         return
+    if spec.kind == "record":
+        out.append(value)
+        return
     dtype = spec.dtype
-    if dtype.startswith("complex"):
+    if dtype.startswith(("datetime64", "timedelta64")):
+        out.append(int(value.view(np.int64)))
+    elif dtype.startswith("complex"):
         c = complex(value)
         out += (c.real, c.imag)
     elif dtype == "bool":

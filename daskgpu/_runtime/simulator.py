@@ -42,6 +42,8 @@ def run_function(py_func, config, args):
             )
     if config.ntasks is not None:
         ntasks = config.ntasks if isinstance(config.ntasks, tuple) else (config.ntasks,)
+        if 0 in ntasks:
+            return  # forall over no tasks launches nothing, as in Numba
         tpb = config.tpb or _FORALL_BLOCK
         block = (min(tpb, max(ntasks[0], 1)),) + (1,) * (len(ntasks) - 1)
         grid = tuple(max(1, -(-n // b)) for n, b in zip(ntasks, block))
@@ -89,4 +91,14 @@ def _simulable(fn, done: dict):
         value = new_globals.get(name)
         if isinstance(value, CUDADispatcher):
             new_globals[name] = FakeCUDAKernel(_simulable(value.py_func, done), device=True)
+        elif _is_cpu_dispatcher(value):
+            # numba.jit functions that kernels call (numba.cuda.random's) would
+            # be compiled for the CPU, which cannot take the simulator's arrays.
+            new_globals[name] = _simulable(value.py_func, done)
     return copy
+
+
+def _is_cpu_dispatcher(value) -> bool:
+    cls = type(value)
+    return cls.__module__.startswith("numba.core") and hasattr(value, "py_func") and hasattr(
+        value, "overloads")

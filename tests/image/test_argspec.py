@@ -100,9 +100,10 @@ def test_value_semantics():
 
 
 @pytest.mark.parametrize("kwargs, match", [
-    (dict(kind="record", dtype="float32"), r"kind must be 'array' or 'scalar', got 'record'"),
-    (dict(kind="scalar", dtype="datetime64"), r"supports parameters of dtypes .*got 'datetime64'"),
-    (dict(kind="scalar", dtype="float"), r"got 'float'"),
+    (dict(kind="struct", dtype="float32"), r"kind must be one of .*got 'struct'"),
+    (dict(kind="record", dtype="float32"), r"kind 'record' cannot have dtype 'float32'"),
+    (dict(kind="scalar", dtype="object"), r"supports parameters of dtypes .*cannot read dtype 'object'"),
+    (dict(kind="scalar", dtype="float"), r"cannot read dtype 'float'"),
     (dict(kind="array", dtype="float32", ndim=1, layout="K"), r"layout must be 'C', 'F' or 'A', got 'K'"),
 ])
 def test_invalid_specs(kwargs, match):

@@ -1,0 +1,136 @@
+"""Record dtypes and numba-cuda's random states: compiled to images, pickled PTX-only,
+marshalled as Numba lays records out, and run in the simulator."""
+
+import pickle
+
+import dask
+import numpy as np
+import pytest
+from numba import cuda
+from numba.cuda.random import (init_xoroshiro128p_states_cpu, xoroshiro128p_dtype,
+                               xoroshiro128p_uniform_float32)
+
+import daskgpu as dg
+from daskgpu._image.argspec import ArgSpec, dtype_code, dtype_of
+from daskgpu._runtime.marshal import ParamLayout, param_codes
+
+dg._config.get("target-cc")  # register daskgpu's defaults before dask.config.set
+
+ALIGNED = np.dtype([("a", np.int8), ("b", np.float64), ("c", np.complex64)], align=True)
+PACKED = np.dtype([("b", np.float64), ("c", np.complex64), ("a", np.int8)])  # 17 bytes
+NESTED = np.dtype([("x", np.int16), ("inner", ALIGNED), ("v", np.float32, (3,))], align=True)
+
+
+@pytest.fixture
+def simulate():
+    with dask.config.set({"daskgpu.simulate": True}):
+        yield
+
+
+@pytest.mark.parametrize("dtype", [ALIGNED, PACKED, NESTED, xoroshiro128p_dtype],
+                         ids=["aligned", "packed", "nested", "xoroshiro128p"])
+def test_record_dtype_code_round_trips_byte_layout(dtype):
+    back = dtype_of(dtype_code(dtype))
+    assert back == dtype and back.itemsize == dtype.itemsize
+    assert [back.fields[n][1] for n in back.names] == [dtype.fields[n][1] for n in dtype.names]
+    assert back.isalignedstruct == dtype.isalignedstruct
+
+
+def test_aligned_and_packed_records_are_different_specs():
+    assert dtype_code(ALIGNED) != dtype_code(PACKED)
+    spec = ArgSpec("array", dtype_code(ALIGNED), 1, "C")
+    assert spec.accepts(np.zeros(2, ALIGNED))
+    assert not spec.accepts(np.zeros(2, PACKED))
+
+
+def test_record_spec_accepts_a_device_interface_that_spells_it_void():
+    # Numba's device arrays give typestr "|V16" and no descr for record dtypes.
+    class Dev:
+        __cuda_array_interface__ = {"shape": (4,), "typestr": "|V16", "data": (1 << 20, False),
+                                    "version": 3, "strides": None}
+
+    spec = ArgSpec("array", dtype_code(xoroshiro128p_dtype), 1, "C")
+    assert spec.accepts(Dev())
+    other = ArgSpec("array", dtype_code(ALIGNED), 1, "C")  # 24 bytes: not that void
+    assert not other.accepts(Dev())
+
+
+def test_record_by_value_is_one_pointer_as_in_numbas_data_model():
+    from numba.cuda.descriptor import cuda_target
+    from numba.np import numpy_support
+
+    ctx = cuda_target.target_context
+    rec = numpy_support.from_dtype(ALIGNED)
+    packer = ctx.get_arg_packer([rec])
+    assert [ctx.get_abi_sizeof(t) for t in packer.argument_types] == [8]
+    spec = ArgSpec("record", dtype_code(ALIGNED))
+    assert param_codes(spec) == "Q" and ParamLayout([spec]).offsets == (0,)
+    arr = ArgSpec("array", dtype_code(ALIGNED), 2, "C")
+    assert len(ParamLayout([arr]).offsets) == len(
+        ctx.get_arg_packer([numpy_support.from_dtype(ALIGNED)[:, ::1]]).argument_types)
+
+
+@dg.jit
+def uniform(states, out):
+    i = cuda.grid(1)
+    if i < out.size:
+        out[i] = xoroshiro128p_uniform_float32(states, i)
+
+
+def reference_uniform(n, seed):
+    # The same numbers from numba-cuda itself, on the host: its random
+    # functions are plain numba.jit functions.
+    states = np.empty(n, xoroshiro128p_dtype)
+    init_xoroshiro128p_states_cpu(states, seed, 0)
+    return np.array([xoroshiro128p_uniform_float32(states, i) for i in range(n)], np.float32), states
+
+
+def test_random_state_kernel_compiles_and_pickles_ptx_only():
+    states = np.empty(64, xoroshiro128p_dtype)
+    k = uniform.specialize(states, np.zeros(64, np.float32))
+    (image,) = k.images
+    assert image.args[0] == ArgSpec("array", dtype_code(xoroshiro128p_dtype), 1, "C")
+    assert set(image.writes) == {0, 1}  # the generator advances its state
+    blob = pickle.dumps(k.configure(1, 64))
+    assert b"xoroshiro128p_uniform_float32(states" not in blob and image.py_func is None
+    shipped = pickle.loads(blob)
+    assert shipped.kernel.images[0].hash == image.hash
+
+
+def test_random_state_kernel_runs_simulated_as_numba(simulate):
+    n, seed = 100, 1234
+    expected, expected_states = reference_uniform(n, seed)
+    states = np.empty(n, xoroshiro128p_dtype)
+    init_xoroshiro128p_states_cpu(states, seed, 0)
+    out = np.zeros(n, np.float32)
+    k = uniform.specialize(states, out)
+    launch = pickle.loads(pickle.dumps(k.forall(n)))
+    got_states, got = launch(states, out)
+    np.testing.assert_array_equal(got, expected)
+    assert got_states.tobytes() == expected_states.tobytes()
+
+
+@dg.jit
+def set_record(recs, value):
+    i = cuda.grid(1)
+    if i < recs.size:
+        recs[i].b = value.b + i
+        recs[i].a = value.a
+
+
+def test_record_arrays_and_record_scalars_simulated(simulate):
+    for dtype in (ALIGNED, PACKED):
+        recs = np.zeros(5, dtype)
+        value = np.zeros(1, dtype)[0]
+        value["a"], value["b"] = 7, 1.5
+        result = set_record.forall(5)(recs, value)
+        assert result is recs
+        np.testing.assert_array_equal(recs["b"], 1.5 + np.arange(5))
+        np.testing.assert_array_equal(recs["a"], 7)
+    assert len(set_record.images) == 2  # one per layout, as Numba compiles
+
+
+def test_record_mismatch_names_the_dtypes():
+    k = set_record.specialize(np.zeros(2, ALIGNED), np.zeros(1, ALIGNED)[0])
+    with pytest.raises(TypeError, match="same fields, offsets and itemsize"):
+        k.ptx_kernel()._select([np.zeros(2, PACKED), np.zeros(1, ALIGNED)[0]])

@@ -1,0 +1,69 @@
+"""Records and numba-cuda's random states on a GPU, through pickled PTX-only launches,
+against numba-cuda's own kernels on the same data."""
+
+import pickle
+
+import numpy as np
+import pytest
+from numba import cuda
+from numba.cuda.random import (create_xoroshiro128p_states, xoroshiro128p_dtype,
+                               xoroshiro128p_normal_float64, xoroshiro128p_uniform_float32)
+
+import daskgpu as dg
+
+pytestmark = pytest.mark.gpu
+
+ALIGNED = np.dtype([("a", np.int8), ("b", np.float64), ("c", np.complex64)], align=True)
+# Packed, and still safe to index on the device: every field at its natural alignment.
+PACKED = np.dtype([("b", np.float64), ("c", np.complex64), ("d", np.int32), ("a", np.int8),
+                   ("e", np.int8), ("f", np.int16)])
+
+
+def draw(states, out):
+    i = cuda.grid(1)
+    if i < out.shape[0]:
+        out[i, 0] = xoroshiro128p_uniform_float32(states, i)
+        out[i, 1] = xoroshiro128p_normal_float64(states, i)
+
+
+def test_random_states_from_numba_through_a_pickled_launch():
+    n = 4096
+    ours, theirs = create_xoroshiro128p_states(n, seed=7), create_xoroshiro128p_states(n, seed=7)
+    got, want = np.zeros((n, 2)), np.zeros((n, 2))
+    launch = pickle.loads(pickle.dumps(dg.jit(draw).specialize(ours, got).forall(n)))
+    for _ in range(3):  # the states advance on the device, as in Numba
+        states_back, out = launch(ours, got)
+        cuda.jit(draw).forall(n)(theirs, want)
+        assert states_back is ours
+        np.testing.assert_array_equal(out, want)
+    assert ours.copy_to_host().tobytes() == theirs.copy_to_host().tobytes()
+
+
+def set_fields(recs, value):
+    i = cuda.grid(1)
+    if i < recs.size:
+        recs[i].b = value.b + i
+        recs[i].a = value.a
+        recs[i].c = value.c * i
+    if i == 0:
+        value.a = 99  # a record by value is copied back (cuda.InOut), as Numba does
+
+
+@pytest.mark.parametrize("dtype", [ALIGNED, PACKED], ids=["aligned", "packed"])
+@pytest.mark.parametrize("where", ["host", "device"])
+def test_record_arrays_and_records_by_value_match_numba(dtype, where):
+    n = 300
+    value = np.zeros(2, dtype)
+    value["a"], value["b"], value["c"] = 5, 0.25, 1 - 2j
+    ours, theirs = np.zeros(n, dtype), np.zeros(n, dtype)
+    ours["a"] = theirs["a"] = 1  # bytes the kernel does not write must survive
+    if where == "device":
+        ours, theirs = cuda.to_device(ours), cuda.to_device(theirs)
+    ours_value, theirs_value = value.copy(), value.copy()
+    launch = pickle.loads(pickle.dumps(dg.jit(set_fields).specialize(ours, value[0]).forall(n)))
+    launch(ours, ours_value[0])
+    cuda.jit(set_fields).forall(n)(theirs, theirs_value[0])
+    host = (lambda a: a.copy_to_host()) if where == "device" else (lambda a: a)
+    assert host(ours).tobytes() == host(theirs).tobytes()
+    assert ours_value.tobytes() == theirs_value.tobytes()
+    assert ours_value["a"][0] == 99 and ours_value["a"][1] == 5
