@@ -31,10 +31,12 @@ def _holds_array(typ) -> bool:
 
 
 def _is_atomic(fn_type) -> bool:
+    """Whether a call writes through its first argument as an atomic does."""
     key = getattr(fn_type, "typing_key", None)
-    return getattr(key, "__module__", "") == "numba.cuda.stubs" and getattr(
-        key, "__qualname__", ""
-    ).startswith("atomic.")
+    if getattr(key, "__module__", "") != "numba.cuda.stubs":
+        return False
+    name = getattr(key, "__qualname__", "")
+    return name.startswith("atomic.") or "compare_and_swap" in name
 
 
 def _grid_call(fn_type):
@@ -112,10 +114,19 @@ def analyse(type_annotation, nargs: int, _depth: int = 0) -> KernelAnalysis:
 
 def _call_writes(expr, typemap, calltypes, of, depth) -> set:
     arg_aliases = [of(a) for a in expr.args] + [of(v) for _, v in expr.kws]
+    if expr.vararg is not None:
+        arg_aliases.append(of(expr.vararg))
     touched = set().union(*arg_aliases) if arg_aliases else set()
+    fn_type = typemap.get(expr.func.name)
+    if isinstance(fn_type, types.BoundFunction):
+        # A method's array is its receiver, which reaches the call through the
+        # bound method (x.fill(v) is call(getattr(x, "fill"), v)), not the args.
+        method = str(fn_type.typing_key).rpartition(".")[2]
+        if method in _READ_ONLY_METHODS:
+            return set()
+        return touched | set(of(expr.func))
     if not touched:
         return set()
-    fn_type = typemap.get(expr.func.name)
     if _is_atomic(fn_type):
         return set(arg_aliases[0]) if arg_aliases else set()
     if isinstance(fn_type, types.Function):
@@ -126,11 +137,6 @@ def _call_writes(expr, typemap, calltypes, of, depth) -> set:
         if module.startswith("numba.cuda") and not _is_atomic(fn_type):
             # CUDA intrinsics (syncthreads, shared.array, fp16 math, ...) other
             # than atomics read their arguments only.
-            return set()
-        return touched
-    if isinstance(fn_type, types.BoundFunction):
-        method = str(fn_type.typing_key).rpartition(".")[2]
-        if method in _READ_ONLY_METHODS:
             return set()
         return touched
     dispatcher = getattr(fn_type, "dispatcher", None)

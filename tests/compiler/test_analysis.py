@@ -335,3 +335,36 @@ def test_grid_ndim_from_an_imported_grid_function():
         a[i, j] = 1
 
     assert imported.grid_ndim == 2
+
+
+# -- writes through array methods ---------------------------------------------------------
+
+
+def test_fill_counts_as_a_write_of_its_receiver():
+    @analysed(f"void({F1}, {F1}, {F1}, {F1})")
+    def fills(x, y, z, w):
+        x.fill(1.0)
+        y[1:].fill(2)  # through a slice
+        z.reshape(z.size).fill(3)  # through a read-only method's view
+        s = w.sum()  # noqa: F841 (a read)
+
+    assert fills.writes == (0, 1, 2)
+
+
+def test_compare_and_swap_writes_its_array():
+    @analysed("void(int32[::1], int32[::1])")
+    def cas(a, b):
+        cuda.atomic.compare_and_swap(a, 0, 1)
+        cuda.atomic.cas(b, 0, 0, 1)
+
+    assert cas.writes == (0, 1)
+
+
+def test_fill_written_array_comes_back_simulated():
+    def fill(out, v):
+        out.fill(v)
+
+    k = dg.jit(f"void({F1}, float32)")(fill)
+    with dask.config.set({"daskgpu.simulate": True}):
+        out = k[1, 1](np.zeros(8, np.float32), 2.5)
+    np.testing.assert_array_equal(out, np.full(8, 2.5, np.float32))
