@@ -10,10 +10,11 @@ from numba.cuda import types
 from numba.cuda.compiler import compile_cuda, kernel_fixup
 
 from daskgpu._compiler.analysis import analyse
+from daskgpu._compiler.links import implicit_links, link_inputs
 from daskgpu._compiler.signatures import to_argspec
 from daskgpu._compiler.target import compiling_for
 from daskgpu._errors import CompileError
-from daskgpu._image.image import KernelImage, LinkInput
+from daskgpu._image.image import KernelImage
 from daskgpu._image.ptx import ptx_isa_version
 
 
@@ -41,11 +42,30 @@ class CompileOptions:
     max_registers: int | None = None
     opt: bool = True
     link: tuple = ()
+    lto: bool = False
+    launch_bounds: tuple | None = None
+    shared_memory_carveout: int | None = None
+    inline: str = "never"
+    forceinline: bool = False
+    cache: bool = False
 
     def __post_init__(self):
         # Numba dispatchers carry their flags as 0/1: one spelling, one image hash.
-        for flag in ("fastmath", "debug", "lineinfo", "opt"):
+        for flag in ("fastmath", "debug", "lineinfo", "opt", "lto", "forceinline", "cache"):
             object.__setattr__(self, flag, bool(getattr(self, flag)))
+        bounds = self.launch_bounds
+        if bounds is not None:
+            bounds = (bounds,) if isinstance(bounds, int) else tuple(bounds)
+            if not 1 <= len(bounds) <= 3 or not all(isinstance(b, int) and b > 0 for b in bounds):
+                raise CompileError(
+                    "launch_bounds must be max_threads_per_block, or a tuple of it, "
+                    f"min_blocks_per_sm and max_blocks_per_cluster (positive ints), got {bounds!r}"
+                )
+            object.__setattr__(self, "launch_bounds", bounds)
+        object.__setattr__(self, "shared_memory_carveout",
+                           _carveout(self.shared_memory_carveout))
+        if self.inline not in ("never", "always") and not callable(self.inline):
+            raise CompileError(f"inline must be 'never', 'always' or a function, got {self.inline!r}")
         if not self.targets:
             from daskgpu import _config
 
@@ -60,71 +80,19 @@ class CompileOptions:
                 raise CompileError(f"link file {path!r} does not exist")
 
 
-_LINK_KINDS = {
-    ".ptx": "ptx", ".cubin": "cubin", ".fatbin": "fatbin", ".ltoir": "ltoir",
-    ".o": "object", ".a": "library", ".cu": "cu",
-}
-
-
-def _link_inputs(paths, cc, options) -> tuple:
-    out = []
-    for path in paths:
-        ext = os.path.splitext(str(path))[1].lower()
-        kind = _LINK_KINDS.get(ext)
-        if kind is None:
-            raise CompileError(
-                f"cannot link {path!r}: daskgpu links {sorted(_LINK_KINDS)} files"
-            )
-        name = os.path.basename(str(path))
-        with open(path, "rb") as f:
-            data = f.read()
-        if kind == "cu":
-            # CUDA C is compiled here, once, so workers need no NVRTC.
-            data = _compile_cu(data, name, cc, options)
-            kind, name = "ptx", name[:-3] + ".ptx"
-        out.append(LinkInput(name, kind, data))
-    return tuple(out)
-
-
-def _compile_cu(source: bytes, name: str, cc: tuple, options) -> bytes:
-    """CUDA C to relocatable PTX with NVRTC itself.
-
-    Not through numba-cuda's ``nvrtc.compile``: it goes through cuda.core's
-    ``Program``, which asks the driver for its version and so fails with no GPU.
-    """
-    from cuda.bindings import nvrtc
-
-    flags = [f"--gpu-architecture=compute_{cc[0]}{cc[1]}", "-rdc=true"]
-    flags += ["-lineinfo"] * bool(options.lineinfo) + ["-G"] * bool(options.debug)
-    try:
-        from cuda import pathfinder
-
-        headers = pathfinder.locate_nvidia_header_directory("cudart")
-        if headers is not None:
-            flags.append(f"-I{headers.abs_path}")
-    except Exception:  # no CUDA headers: sources that include none still compile
-        pass
-    flags = [f.encode() for f in flags]
-    ok = nvrtc.nvrtcResult.NVRTC_SUCCESS
-    err, prog = nvrtc.nvrtcCreateProgram(source, name.encode(), 0, [], [])
-    if err != ok:
-        raise CompileError(f"NVRTC could not read {name!r}: {err.name}")
-    try:
-        err, = nvrtc.nvrtcCompileProgram(prog, len(flags), flags)
-        if err != ok:
-            _, size = nvrtc.nvrtcGetProgramLogSize(prog)
-            log = b" " * size
-            nvrtc.nvrtcGetProgramLog(prog, log)
-            raise CompileError(
-                f"compiling link file {name!r} with NVRTC failed ({err.name}):\n"
-                + log.rstrip(b"\0").decode(errors="replace")
-            )
-        _, size = nvrtc.nvrtcGetPTXSize(prog)
-        ptx = b" " * size
-        nvrtc.nvrtcGetPTX(prog, ptx)
-        return ptx.rstrip(b"\0")
-    finally:
-        nvrtc.nvrtcDestroyProgram(prog)
+def _carveout(value):
+    """numba-cuda's shared memory carveout: a percentage, or -1 for the default."""
+    if value is None:
+        return None
+    named = {"default": -1, "maxl1": 0, "maxshared": 100}
+    if isinstance(value, str) and value.lower() in named:
+        return named[value.lower()]
+    if isinstance(value, int) and not isinstance(value, bool) and -1 <= value <= 100:
+        return value
+    raise CompileError(
+        "shared_memory_carveout must be 'default', 'MaxL1', 'MaxShared' or a percentage "
+        f"-1..100, got {value!r}"
+    )
 
 
 # Numba mangles into every symbol an ABI tag "v<n>" with n from a per-process
@@ -177,7 +145,8 @@ def compile_image(py_func, argtypes, options: CompileOptions) -> KernelImage:
     """Compile ``py_func`` for ``argtypes`` to PTX for each of ``options.targets``.
 
     Needs no GPU or driver: typing runs for the lowest target and NVVM lowers the
-    same library once per target.
+    same library once per target. A failure raises a :class:`CompileError` that
+    is also an instance of numba's own exception class (``TypingError``, ...).
     """
     name = f"{py_func.__module__}.{py_func.__qualname__}"
     specs = tuple(to_argspec(t, i, name) for i, t in enumerate(argtypes))
@@ -192,6 +161,7 @@ def compile_image(py_func, argtypes, options: CompileOptions) -> KernelImage:
             cres = compile_cuda(
                 py_func, None, argtypes,
                 debug=options.debug, lineinfo=options.lineinfo,
+                forceinline=options.forceinline, inline=options.inline,
                 fastmath=options.fastmath, nvvm_options=nvvm_options,
                 cc=lowest, max_registers=options.max_registers,
             )
@@ -204,20 +174,33 @@ def compile_image(py_func, argtypes, options: CompileOptions) -> KernelImage:
             fn = lib.get_function(cres.fndesc.llvm_func_name)
             lib._entry_name = cres.fndesc.llvm_func_name
             kernel_fixup(fn, options.debug)
+            if options.launch_bounds is not None:
+                from numba.cuda.cudadrv import nvvm
+
+                nvvm.set_launch_bounds(fn, options.launch_bounds)
             texts, entry = stable_symbols(
                 [lib.get_asm_str(cc=cc) for cc in options.targets], fn.name
             )
             ptx = tuple(zip(options.targets, texts))
-            implicit_links = tuple(
-                p for p in getattr(lib, "_linking_files", ()) if isinstance(p, str)
-            )
+            cooperative = bool(getattr(lib, "use_cooperative", False))
+            extra = implicit_links(lib, texts[0])
     except Exception as exc:
         if isinstance(exc, CompileError):
             raise
-        raise CompileError(
-            f"compiling {name} for ({', '.join(map(str, argtypes))}) failed:\n{exc}"
+        raise numba_compile_error(
+            exc, f"compiling {name} for ({', '.join(map(str, argtypes))}) failed:\n{exc}"
         ) from exc
     analysis = analyse(cres.type_annotation, len(argtypes))
+    links = link_inputs(tuple(options.link) + tuple(extra), lowest, options, lto=options.lto)
+    # Options at their defaults are left out, so that images (and their
+    # hashes) of kernels that do not use them stay as they were.
+    extra_options = tuple(
+        (key, value) for key, value, default in (
+            ("cooperative", cooperative, False),
+            ("lto", options.lto or any(x.kind == "ltoir" for x in links), False),
+            ("shared_memory_carveout", options.shared_memory_carveout, None),
+        ) if value != default
+    )
     return KernelImage(
         name=name,
         entry=entry,
@@ -225,13 +208,40 @@ def compile_image(py_func, argtypes, options: CompileOptions) -> KernelImage:
         args=specs,
         writes=tuple(sorted(analysis.written)),
         grid_ndim=analysis.grid_ndim,
-        links=_link_inputs(tuple(options.link) + implicit_links, lowest, options),
+        links=links,
         options=(
             ("debug", options.debug),
             ("fastmath", options.fastmath),
             ("lineinfo", options.lineinfo),
             ("max_registers", options.max_registers),
-        ),
+        ) + extra_options,
         versions=_versions(ptx[0][1]),
         exceptions=_exception_table(cres.call_helper) if options.debug else (),
     )
+
+
+_ERROR_CLASSES: dict = {}
+
+
+def numba_compile_error(exc: Exception, message: str) -> CompileError:
+    """A :class:`CompileError` that is also an instance of ``exc``'s class.
+
+    Code written for numba-cuda catches ``TypingError`` and friends; daskgpu's
+    catches ``CompileError``. Both catch this.
+    """
+    base = type(exc)
+    cls = _ERROR_CLASSES.get(base)
+    if cls is None:
+        try:
+            cls = type(base.__name__, (CompileError, base), {"__module__": base.__module__})
+        except TypeError:  # an incompatible layout (a C exception type)
+            cls = CompileError
+        _ERROR_CLASSES[base] = cls
+    err = cls.__new__(cls)
+    Exception.__init__(err, message)
+    for attr, value in (("msg", message), ("loc", getattr(exc, "loc", None))):
+        try:
+            setattr(err, attr, value)
+        except AttributeError:  # a read-only property of that class
+            pass
+    return err

@@ -134,7 +134,9 @@ class Kernel(LaunchAPI):
 
 
 def jit(signature_or_function=None, *, targets=(), fastmath=False, debug=False,
-        lineinfo=False, max_registers=None, opt=True, link=(), device=False):
+        lineinfo=False, max_registers=None, opt=True, link=(), device=False,
+        lto=False, launch_bounds=None, shared_memory_carveout=None, inline="never",
+        forceinline=False, cache=False, extensions=None):
     """Compile a Python function as a CUDA kernel that ships to Dask workers as PTX.
 
     Used like ``numba.cuda.jit``: with signatures the kernel compiles eagerly,
@@ -155,7 +157,20 @@ def jit(signature_or_function=None, *, targets=(), fastmath=False, debug=False,
     link : sequence of paths
         ``.ptx``, ``.cubin``, ``.fatbin``, ``.ltoir``, ``.o``, ``.a`` or ``.cu``
         files to link in; their bytes travel with the kernel (``.cu`` is
-        compiled to PTX here first).
+        compiled to PTX here first). What numba-cuda links by itself (the
+        float16/bfloat16 shims, NRT, cudadevrt for cooperative groups) is
+        added as it would be.
+    lto, launch_bounds, shared_memory_carveout, inline, forceinline
+        As in ``numba.cuda.jit``: ``lto`` links with link-time optimisation
+        (``.cu`` inputs become LTO-IR); the others shape the compiled code or,
+        for the carveout, are set on each worker's loaded kernel.
+    cache : bool
+        numba-cuda's on-disk cache; here the workers' linked kernels are kept
+        in daskgpu's disk cache (``daskgpu.cache-dir``) when that is set, and
+        this flag is accepted for compatibility.
+    extensions : sequence, optional
+        numba-cuda argument extensions run Python code at each launch, which
+        a PTX-only worker cannot; only an empty sequence is accepted.
 
     Returns
     -------
@@ -180,9 +195,17 @@ def jit(signature_or_function=None, *, targets=(), fastmath=False, debug=False,
             "daskgpu.jit makes kernels; write device functions with "
             "numba.cuda.jit(device=True) and call them from a daskgpu kernel"
         )
+    if extensions:
+        raise TypeError(
+            f"daskgpu.jit cannot ship numba-cuda argument extensions ({list(extensions)!r}): "
+            "their prepare_args is Python code run at every launch, and workers run "
+            "PTX-only data. Convert such arguments to arrays or numbers before launching."
+        )
     options = CompileOptions(
         targets=tuple(targets), fastmath=fastmath, debug=debug, lineinfo=lineinfo,
-        max_registers=max_registers, opt=opt, link=tuple(link),
+        max_registers=max_registers, opt=opt, link=tuple(link), lto=lto,
+        launch_bounds=launch_bounds, shared_memory_carveout=shared_memory_carveout,
+        inline=inline, forceinline=forceinline, cache=cache,
     )
     if callable(signature_or_function):
         return Kernel(signature_or_function, (), options)
@@ -228,7 +251,9 @@ def kernel(dispatcher, signatures=None, **options) -> Kernel:
     if getattr(dispatcher, "targetoptions", {}).get("device"):
         raise TypeError("dg.kernel takes a kernel, not a device function (device=True)")
     numba_opts = getattr(dispatcher, "targetoptions", {})
-    merged = {k: numba_opts[k] for k in ("fastmath", "debug", "lineinfo", "max_registers", "opt")
+    merged = {k: numba_opts[k] for k in ("fastmath", "debug", "lineinfo", "max_registers", "opt",
+                                          "lto", "launch_bounds", "shared_memory_carveout",
+                                          "inline", "forceinline", "cache", "extensions")
               if numba_opts.get(k) is not None}
     if numba_opts.get("link"):
         merged["link"] = tuple(numba_opts["link"])

@@ -48,6 +48,9 @@ _OPTION_TYPES = {
     "lineinfo": (bool,),
     "max_registers": (int, type(None)),
     "opt": (bool,),
+    "cooperative": (bool,),
+    "lto": (bool,),
+    "shared_memory_carveout": (int, type(None)),
 }
 _ENTRY_RE = re.compile(r"[A-Za-z_$][A-Za-z0-9_$]*")
 _HEX64_RE = re.compile(r"[0-9a-f]{64}")

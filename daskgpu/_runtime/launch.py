@@ -6,6 +6,8 @@ library at module level, so unpickling a launch is cheap and needs no device.
 
 from __future__ import annotations
 
+import numpy as np
+
 from daskgpu import _config
 from daskgpu._errors import LaunchConfigError, PicklingError
 from daskgpu._image.argspec import Zeroed, array_info, describe, mismatch, signature_str
@@ -174,12 +176,23 @@ def select_image(name, images, args, infos=None):
     """
     if infos is None:
         infos = [array_info(a) for a in args]
+    best, best_cost = None, None
     for image in images:
         specs = image.args
         if len(specs) == len(args) and all(
             spec.matches(info, a) for spec, info, a in zip(specs, infos, args)
         ):
-            return image
+            if len(images) == 1:
+                return image
+            # As Numba: the signature needing the fewest and least lossy
+            # conversions wins (a Python float takes float64 over float32).
+            cost = conversion_cost(specs, infos, args)
+            if best is None or cost < best_cost:
+                best, best_cost = image, cost
+                if not any(cost):
+                    break
+    if best is not None:
+        return best
     received = "(" + ", ".join(describe(a) for a in args) + ")"
     shipped = "\n  ".join(
         signature_str(im.args) + _why_not(im, args) for im in images
@@ -191,6 +204,48 @@ def select_image(name, images, args, infos=None):
         "or compile the signature on the client first: kernel.compile(sig) or "
         "kernel.specialize(*args)."
     )
+
+
+def conversion_cost(specs, infos, args) -> tuple:
+    """How far ``args`` are from ``specs``: counts of (unsafe, safe, promoting) casts.
+
+    Python scalars are typed as Numba types them (int64, float64, complex128);
+    an "A"-layout array parameter given a contiguous array counts as promoting.
+    """
+    unsafe = safe = promote = 0
+    for spec, info, value in zip(specs, infos, args):
+        if spec.kind == "array":
+            if spec.layout == "A" and info is not None and len(info[1]) > 1:
+                promote += 1
+            continue
+        if spec.kind != "scalar":
+            continue
+        have = _numba_scalar_dtype(value)
+        want = spec.np_dtype
+        if have is None or have == want:
+            continue
+        if np.can_cast(have, want, "safe"):
+            if have.kind == want.kind or (have.kind in "iu" and want.kind in "iu"):
+                promote += 1
+            else:
+                safe += 1
+        else:
+            unsafe += 1
+    return (unsafe, safe, promote)
+
+
+def _numba_scalar_dtype(value):
+    if isinstance(value, (bool, np.bool_)):
+        return np.dtype(bool)
+    if isinstance(value, np.generic):
+        return value.dtype
+    if isinstance(value, int):
+        return np.dtype(np.int64)
+    if isinstance(value, float):
+        return np.dtype(np.float64)
+    if isinstance(value, complex):
+        return np.dtype(np.complex128)
+    return None
 
 
 def _why_not(image, args) -> str:

@@ -47,12 +47,17 @@ def link_cubin(image, cc: tuple) -> bytes:
     inputs = [ObjectCode.from_ptx(ptx.encode(), name=image.name)]
     for link in image.links:
         inputs.append(_object_code(link))
+    if image.option("cooperative"):
+        # Grid synchronisation lives in the CUDA toolkit's device runtime.
+        inputs.append(ObjectCode.from_library(cudadevrt(), name="cudadevrt"))
+    lto = bool(image.option("lto")) or any(x.kind == "ltoir" for x in image.links)
     options = LinkerOptions(
         name=image.name,
         arch=f"sm_{cc[0]}{cc[1]}",
         max_register_count=image.option("max_registers"),
         debug=bool(image.option("debug")) or None,
         lineinfo=bool(image.option("lineinfo")) or None,
+        link_time_optimization=lto or None,
     )
     linker = None
     try:
@@ -88,3 +93,44 @@ _FROM_KIND = {
 
 def _object_code(link) -> ObjectCode:
     return _FROM_KIND[link.kind](link.data, name=link.name)
+
+
+_cudadevrt = []
+
+
+def cudadevrt() -> bytes:
+    """The bytes of this worker's ``libcudadevrt.a``, read once per process.
+
+    Looked up as numba-cuda does, without numba: the CUDA wheels' or toolkit's
+    static library directory, found by ``cuda.pathfinder``, then
+    ``$CUDA_HOME``/``$CUDA_PATH`` and the usual toolkit locations.
+    """
+    if _cudadevrt:
+        return _cudadevrt[0]
+    import glob
+    import os
+
+    candidates = []
+    try:
+        from cuda import pathfinder
+
+        candidates.append(pathfinder.find_static_lib("cudadevrt"))
+    except Exception:  # an older pathfinder, or a wheel-less install: search below
+        pass
+    for root in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"):
+        if root:
+            candidates += [os.path.join(root, d, "libcudadevrt.a")
+                           for d in ("lib64", "lib", "targets/x86_64-linux/lib",
+                                     "targets/sbsa-linux/lib")]
+    candidates += sorted(glob.glob("/usr/local/cuda-*/lib64/libcudadevrt.a"), reverse=True)
+    for path in candidates:
+        if path and os.path.isfile(path):
+            with open(path, "rb") as f:
+                _cudadevrt.append(f.read())
+            return _cudadevrt[0]
+    raise LinkError(
+        "this kernel uses cooperative groups (grid.sync()), which links the CUDA "
+        "device runtime libcudadevrt.a, and none was found on this worker. Install "
+        "it (pip install nvidia-cuda-runtime-cu12, or the CUDA toolkit) or set "
+        "CUDA_HOME to a toolkit that has lib64/libcudadevrt.a."
+    )
