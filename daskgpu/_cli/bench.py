@@ -210,11 +210,40 @@ def bench_launch(n: int = 20000, size: int = 1024) -> dict:
         _sync()
         return (time.perf_counter() - t0) / n
 
+    floor_launch = _prepacked_launch(k.add, blocks, out, x, x)
     dg = [per_launch(dg_launch) for _ in range(3)]
     nb = [per_launch(nb_launch) for _ in range(3)]
+    floor = [per_launch(floor_launch) for _ in range(3)]
     assert float(out[0]) == 2.0
-    return _ratio(f"warm host overhead per launch ({size} elements, device arrays)",
-                  dg, nb, "us", "numba dispatcher launch", goal=0.3, scale=1e6)
+    what = f"warm host overhead per launch ({size} elements, device arrays)"
+    return [
+        _ratio(what, dg, nb, "us", "numba dispatcher launch", goal=0.3, scale=1e6),
+        _ratio(what, dg, floor, "us", "cuLaunchKernel with a parameter buffer packed once",
+               goal=2.0, scale=1e6),
+    ]
+
+
+def _prepacked_launch(kernel, blocks, *arrays):
+    """The floor from Python: ``cuLaunchKernel`` of the same linked kernel, its
+    parameters packed once, on the arrays of the first call."""
+    from cuda.bindings import driver
+
+    from daskgpu._runtime import device
+    from daskgpu._runtime.launcher import linked
+
+    image = kernel.images[0]
+    linked_kernel = linked(image, device.current())
+    values = []
+    for a in arrays:
+        ptr = a.__cuda_array_interface__["data"][0]
+        values += (0, 0, a.size, a.dtype.itemsize, ptr, *a.shape, *a.strides)
+    params = linked_kernel.layout.pack(values)
+    function, stream = linked_kernel.function, driver.CUstream(0)
+
+    def launch(*_):
+        driver.cuLaunchKernel(function, blocks, 1, 1, 256, 1, 1, 0, stream, params, 0)
+
+    return launch
 
 
 class _Cluster:
@@ -389,6 +418,64 @@ def bench_map_host(size_bytes: int = 1 << 30, chunk_bytes: int = 64 << 20) -> li
     ]
 
 
+def bench_chain(size_bytes: int = 1 << 30, chunk_bytes: int = 64 << 20) -> list:
+    """Two map_kernels in a chain over host chunks, against the single map and Numba's chain.
+
+    Also the single map on inputs that are already page-locked: the outputs of
+    an earlier map_kernel, which go to the GPU by DMA without the copy threads.
+    """
+    import dask.array as da
+
+    import daskgpu as dg
+    from daskgpu._cli import bench_kernels as k
+
+    client = _Cluster.get()
+    x, y = _host_inputs(size_bytes, chunk_bytes)
+    two = np.float32(2.0)
+
+    def saxpy(a, b, name="saxpy"):
+        return dg.map_kernel(k.saxpy, dg.Out(np.float32, like=a), two, a, b, name=_unique(name))
+
+    def single():
+        return _wait_persisted(saxpy(x, y))
+
+    def chain():
+        return _wait_persisted(saxpy(saxpy(x, y), y))
+
+    def numba_chain():
+        first = da.map_blocks(_numba_chunk, x, y, dtype=np.float32, name=_unique("numba"))
+        return _wait_persisted(
+            da.map_blocks(_numba_chunk, first, y, dtype=np.float32, name=_unique("numba")))
+
+    single(), chain(), numba_chain()  # warm
+    one_t, chain_t, nb_t = _timed(single), _timed(chain), _timed(numba_chain)
+    got = chain()[:1000].compute()
+    x0, y0 = x[:1000].compute(), y[:1000].compute()
+    np.testing.assert_allclose(got, 2 * (2 * x0 + y0) + y0, rtol=1e-6)
+
+    # Page-locked inputs: persisted map_kernel outputs equal to x and y.
+    zeros = da.zeros_like(x)
+    xp = _wait_persisted(dg.map_kernel(k.saxpy, dg.Out(np.float32, like=x), np.float32(1),
+                                       x, zeros, name=_unique("copy")))
+    yp = _wait_persisted(dg.map_kernel(k.saxpy, dg.Out(np.float32, like=y), np.float32(1),
+                                       y, zeros, name=_unique("copy")))
+
+    def pinned_inputs():
+        return _wait_persisted(saxpy(xp, yp))
+
+    pinned_inputs()
+    locked_t = _timed(pinned_inputs)
+    limit = client.submit(pinned_copy_seconds, 2 * size_bytes, size_bytes, pure=False).result()
+    what = f"2 chained map_kernels, 3 x {size_bytes >> 20} MiB host, {chunk_bytes >> 20} MiB chunks"
+    return [
+        _ratio(what, chain_t, one_t, "s", "the single map_kernel", goal=1.25),
+        _ratio(what, chain_t, nb_t, "s", "the same chain of da.map_blocks + Numba"),
+        _ratio(f"map_kernel saxpy on page-locked inputs (earlier map_kernel outputs)",
+               locked_t, [limit], "s", "pinned H2D+D2H copy limit of these bytes",
+               goal=round(1 / 0.85, 2)),
+    ]
+
+
 def bench_host_copies(chunk_bytes: int = 64 << 20, repeat: int = 5) -> list:
     """What one host chunk costs on the host side, against the DMA the GPU needs for it.
 
@@ -459,8 +546,19 @@ def bench_host_copies(chunk_bytes: int = 64 << 20, repeat: int = 5) -> list:
     return rows
 
 
-def bench_map_device(size_bytes: int = 1 << 30, chunk_bytes: int = 64 << 20) -> dict:
-    """``map_kernel`` on CuPy chunks vs ``map_blocks`` + Numba, and a no-op, on the same chunks."""
+def bench_map_device(size_bytes: int = 1 << 30, chunk_counts=(16, 256)) -> list:
+    """``map_kernel`` on CuPy chunks vs ``map_blocks`` + Numba, and a no-op, on the same chunks.
+
+    Run at each number of chunks in ``chunk_counts``: few large chunks show the
+    launch's own cost, many small ones the cost per task.
+    """
+    rows = []
+    for count in chunk_counts:
+        rows += _map_device_rows(size_bytes, size_bytes // count)
+    return rows
+
+
+def _map_device_rows(size_bytes: int, chunk_bytes: int) -> list:
     import cupy as cp
     import dask.array as da
 
@@ -491,14 +589,15 @@ def bench_map_device(size_bytes: int = 1 << 30, chunk_bytes: int = 64 << 20) -> 
     nb_t = [t / nchunks for t in _timed(baseline)]
     noop_t = [t / nchunks for t in _timed(noop)]
     launch_only = _Cluster.get().submit(device_chunk_seconds, chunk_bytes, pure=False).result()
+    what = f"map_kernel per chunk, {nchunks} CuPy chunks of {chunk_bytes >> 20} MiB"
     return [
-        _ratio(f"map_kernel per chunk, CuPy chunks of {chunk_bytes >> 20} MiB", dg_t, nb_t,
-               "ms", "da.map_blocks + Numba kernel per chunk", goal=1.0, scale=1e3),
+        _ratio(what, dg_t, nb_t, "ms", "da.map_blocks + Numba kernel per chunk", goal=1.0,
+               scale=1e3),
         _ratio("  of which: allocate + launch on one CuPy chunk, no Dask", [launch_only[0]],
                [launch_only[1]], "ms", "the same with a Numba dispatcher", scale=1e3),
         # How much of the per-chunk time is Dask's scheduling, not daskgpu's.
         _ratio("  Dask's floor: a no-op map_blocks on the same chunks", dg_t, noop_t, "ms",
-               "da.map_blocks of a no-op returning its first chunk", scale=1e3),
+               "da.map_blocks of a no-op returning its first chunk", goal=1.1, scale=1e3),
     ]
 
 
@@ -602,6 +701,7 @@ SECTIONS = {
     "map-host": bench_map_host,
     "host-copies": bench_host_copies,
     "map-device": bench_map_device,
+    "chain": bench_chain,
     "compute": bench_compute,
     "scaling": bench_scaling,
 }
@@ -638,8 +738,9 @@ def section_sizes(name: str, size: int) -> dict:
     """The data sizes of section ``name`` when each mapped host array is ``size`` bytes.
 
     The map sections use arrays of ``size`` in 64 MiB chunks (smaller for small
-    sizes); compute and scaling, which run many steps per element, a quarter
-    and a half of it. Other sections take no size.
+    sizes; map-device chooses its own chunk counts); compute and scaling, which
+    run many steps per element, a quarter and a half of it. Other sections take
+    no size.
 
     Examples
     --------
@@ -647,14 +748,18 @@ def section_sizes(name: str, size: int) -> dict:
     {'size_bytes': 1073741824, 'chunk_bytes': 67108864}
     >>> section_sizes("compute", 256 << 20)
     {'size_bytes': 67108864, 'chunk_bytes': 8388608}
+    >>> section_sizes("map-device", 1 << 30)
+    {'size_bytes': 1073741824}
     >>> section_sizes("launch", 1 << 30)
     {}
     """
-    share, chunks = {"map-host": (1, 16), "map-device": (1, 16), "compute": (4, 8),
-                     "scaling": (2, 32)}.get(name, (None, None))
+    share, chunks = {"map-host": (1, 16), "chain": (1, 16), "map-device": (1, None),
+                     "compute": (4, 8), "scaling": (2, 32)}.get(name, (None, None))
     if share is None:
         return {}
     size_bytes = size // share
+    if chunks is None:
+        return {"size_bytes": size_bytes}
     default_chunk = inspect.signature(SECTIONS[name]).parameters["chunk_bytes"].default
     return {"size_bytes": size_bytes,
             "chunk_bytes": min(default_chunk, max(1 << 20, size_bytes // chunks))}

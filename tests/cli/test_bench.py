@@ -17,7 +17,8 @@ ADD_SIG = "void(float32[::1], float32[::1], float32[::1])"
 def test_sections_run_first_task_after_cold_and_keep_the_rest():
     names = list(_bench.SECTIONS)
     assert names[:2] == ["cold", "first-task"]
-    assert {"launch", "submit", "map-host", "map-device", "compute", "scaling"} <= set(names)
+    assert {"launch", "submit", "map-host", "map-device", "chain", "compute",
+            "scaling"} <= set(names)
 
 
 def test_each_first_task_kernel_is_new_code():
