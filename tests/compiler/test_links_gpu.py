@@ -1,0 +1,79 @@
+"""Link inputs, cooperative launches and launch shapes on a GPU, through pickled launches."""
+
+import pickle
+
+import numpy as np
+import pytest
+from numba import cuda
+
+import daskgpu as dg
+
+pytestmark = pytest.mark.gpu
+
+
+def shipped(kernel):
+    return pickle.loads(pickle.dumps(kernel))
+
+
+def fp16_mul(out, a, b):
+    i = cuda.grid(1)
+    if i < out.size:
+        out[i] = cuda.fp16.hmul(a[i], b[i]) + a[i] * b[i]
+
+
+@pytest.mark.parametrize("lto", [False, True])
+def test_fp16_kernel_links_its_shims_on_the_worker(lto):
+    a = np.linspace(0, 2, 256).astype(np.float16)
+    b = np.linspace(1, 3, 256).astype(np.float16)
+    k = shipped(dg.jit("void(float16[::1], float16[::1], float16[::1])", lto=lto)(fp16_mul))
+    out = k.forall(256)(np.zeros(256, np.float16), a, b)
+    want = np.zeros(256, np.float16)
+    cuda.jit(fp16_mul).forall(256)(want, a, b)
+    np.testing.assert_array_equal(out, want)
+
+
+def grid_sum(a, out):
+    g = cuda.cg.this_grid()
+    i = cuda.grid(1)
+    a[i] = i
+    g.sync()  # every block's writes visible to every other block
+    if i == 0:
+        s = 0
+        for j in range(a.size):
+            s += a[j]
+        out[0] = s
+
+
+def test_cooperative_kernel_links_cudadevrt_and_syncs_the_grid():
+    k = shipped(dg.jit("void(int64[::1], int64[::1])")(grid_sum))
+    a, out = k[64, 128](np.zeros(64 * 128, np.int64), np.zeros(1, np.int64))
+    assert out[0] == (64 * 128) * (64 * 128 - 1) // 2
+
+
+def test_cooperative_grid_too_large_is_refused_with_the_limit():
+    k = shipped(dg.jit("void(int64[::1], int64[::1])")(grid_sum))
+    with pytest.raises(dg.LaunchConfigError, match="resident at once: this device holds at most"):
+        k[1_000_000, 1024](np.zeros(1_000_000 * 1024 // 1024, np.int64), np.zeros(1, np.int64))
+
+
+def fill3(out):
+    i, j, k = cuda.grid(3)
+    if i < out.shape[0] and j < out.shape[1] and k < out.shape[2]:
+        out[i, j, k] = 1
+
+
+def test_forall_zero_launches_nothing_and_3d_grids_fit_the_y_limit():
+    k = shipped(dg.jit("void(int8[:, :, ::1])")(fill3))
+    empty = np.zeros((0, 4, 4), np.int8)
+    assert k.forall((0, 4, 4))(empty) is empty
+    out = np.zeros((2, 100_000, 64), np.int8)
+    assert k.forall(out.shape)(out).all()
+
+
+def fill(out, v):
+    out.fill(v)
+
+
+def test_fill_writes_come_back_from_the_gpu():
+    out = shipped(dg.jit("void(float32[::1], float32)")(fill))[4, 32](np.zeros(100, np.float32), 2.5)
+    np.testing.assert_array_equal(out, 2.5)
