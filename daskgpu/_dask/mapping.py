@@ -18,6 +18,7 @@ from numbers import Integral, Number
 import numpy as np
 
 from daskgpu import _config
+from daskgpu._dask import reduction
 from daskgpu._image.argspec import Zeroed
 from daskgpu._runtime.launch import PTXKernel, _unwrap
 
@@ -79,9 +80,27 @@ class Out:
         Dask chunks (anything ``dask.array`` accepts). Default: ``like``'s
         chunks, else one chunk that takes the chunking of the arrays it is
         aligned with.
+    per_chunk : int or tuple of int, optional
+        Instead of an output aligned with the chunks, give every launch its own
+        output of this shape. The result has shape ``numblocks + per_chunk``:
+        one block per launch, in chunk order. The launch still covers the
+        mapped chunk; per-chunk outputs do not change its size.
+    combine : str, ufunc or callable, optional
+        With ``per_chunk``: reduce the per-chunk outputs across chunks with a
+        tree reduction (``split_every=`` on :func:`map_kernel`); the result
+        has shape ``per_chunk``. ``"sum"``, ``"prod"``, ``"min"``, ``"max"``,
+        a NumPy ufunc of two inputs (``np.add``, ``np.maximum``, ...), or a
+        function ``f(a, b) -> array`` of two partials. Partials are NumPy, or
+        CuPy (and stay on the device) when the chunks are CuPy.
+    fill : number, optional
+        With ``per_chunk``: the value each launch's output starts from, which
+        must fit ``dtype``. Default: the combine's identity (0 for ``"sum"``,
+        1 for ``"prod"``, the dtype's largest value or ``inf`` for ``"min"``,
+        its smallest for ``"max"``), else 0.
 
-    Each chunk of the output is allocated zero-filled (NumPy, or CuPy when the
-    chunks are CuPy arrays) in the layout the kernel's signature asks for.
+    Each chunk of an aligned output is allocated zero-filled (NumPy, or CuPy
+    when the chunks are CuPy arrays) in the layout the kernel's signature asks
+    for.
 
     Examples
     --------
@@ -91,11 +110,14 @@ class Out:
     Out(float32, shape=(10,), chunks=((5, 5),))
     >>> dg.Out("int64", shape=(4, 6), chunks=(2, 3))
     Out(int64, shape=(4, 6), chunks=((2, 2), (3, 3)))
+    >>> dg.Out(np.int64, per_chunk=256, combine="sum")
+    Out(int64, per_chunk=(256,), combine='sum', fill=0)
     """
 
-    __slots__ = ("dtype", "shape", "chunks", "meta")
+    __slots__ = ("dtype", "shape", "chunks", "meta", "per_chunk", "combine", "fill", "fold")
 
-    def __init__(self, dtype=None, like=None, shape=None, chunks=None):
+    def __init__(self, dtype=None, like=None, shape=None, chunks=None, *, per_chunk=None,
+                 combine=None, fill=None):
         import dask.array as da
         from dask.array.core import normalize_chunks
         from dask.array.utils import meta_from_array
@@ -110,6 +132,15 @@ class Out:
         except TypeError as exc:
             raise TypeError(f"dg.Out got dtype {dtype!r}, which numpy cannot read: {exc}") from None
         self.meta = None
+        self.per_chunk = self.combine = self.fill = self.fold = None
+        if per_chunk is not None:
+            self._init_per_chunk(per_chunk, like, shape, chunks, combine, fill)
+            return
+        if combine is not None or fill is not None:
+            raise TypeError(
+                "dg.Out(combine=..., fill=...) applies to per-chunk outputs: write "
+                "dg.Out(dtype, per_chunk=shape, combine=..., fill=...)"
+            )
         if like is not None:
             if shape is not None:
                 raise TypeError("dg.Out takes like= or shape=, not both")
@@ -141,6 +172,27 @@ class Out:
                 "dg.Out needs known chunk sizes; call x.compute_chunk_sizes() on `like` first"
             )
 
+    def _init_per_chunk(self, per_chunk, like, shape, chunks, combine, fill):
+        if like is not None or shape is not None or chunks is not None:
+            raise TypeError(
+                "dg.Out(per_chunk=shape) takes no like=, shape= or chunks=: a per-chunk "
+                "output has its own shape, one per launch"
+            )
+        shape = (per_chunk,) if isinstance(per_chunk, Integral) else tuple(per_chunk)
+        if any(not isinstance(n, Integral) or n < 0 for n in shape):
+            raise ValueError(
+                f"dg.Out(per_chunk=...) needs a non-negative int or tuple of ints, got "
+                f"{per_chunk!r}"
+            )
+        self.shape = self.per_chunk = tuple(int(n) for n in shape)
+        self.chunks = tuple((n,) for n in self.shape)
+        if combine is not None:
+            self.fold = reduction.check_combine(combine)
+            self.combine = combine
+        if fill is None:
+            fill = reduction.default_fill(combine, self.dtype)
+        self.fill = reduction.check_fill(fill, self.dtype).item()
+
     @property
     def ndim(self) -> int:
         return len(self.shape)
@@ -152,17 +204,33 @@ class Out:
         return da.broadcast_to(np.zeros((), np.bool_), self.shape, chunks=self.chunks)
 
     def __dask_tokenize__(self):
+        from dask.base import tokenize
+
         meta = None if self.meta is None else type(self.meta).__module__
-        return ("daskgpu.Out", self.dtype.str, self.shape, self.chunks, meta)
+        return ("daskgpu.Out", self.dtype.str, self.shape, self.chunks, meta, self.per_chunk,
+                None if self.combine is None else tokenize(self.combine), self.fill)
 
     def __repr__(self):
+        if self.per_chunk is not None:
+            combine = "" if self.combine is None else f", combine={_combine_name(self.combine)}"
+            return f"Out({self.dtype.name}, per_chunk={self.per_chunk}{combine}, fill={self.fill!r})"
         return f"Out({self.dtype.name}, shape={self.shape}, chunks={self.chunks})"
+
+
+def _combine_name(combine) -> str:
+    if isinstance(combine, str):
+        return repr(combine)
+    if isinstance(combine, np.ufunc):
+        return f"np.{combine.__name__}"
+    return getattr(combine, "__qualname__", repr(combine))
 
 
 # -- the per-chunk task -------------------------------------------------------
 
 # Parameter kinds of a _ChunkLaunch; CHUNK, WHOLE and VALUE take a task argument.
 CHUNK, OUT, WHOLE, VALUE, OFFSET = "chunk", "out", "whole", "value", "offset"
+# A per-chunk output: dg.Out(dtype, per_chunk=shape).
+PER_CHUNK = "per_chunk"
 
 
 def _is_cupy(value) -> bool:
@@ -187,7 +255,8 @@ class _ChunkLaunch:
     params : tuple
         One ``(kind, a, b)`` per kernel parameter: ``(CHUNK, layout, written)``,
         ``(OUT, dtype, layout)``, ``(WHOLE, written, None)``, ``(VALUE, None,
-        None)`` or ``(OFFSET, axis, None)``.
+        None)``, ``(OFFSET, axis, None)`` or ``(PER_CHUNK, (dtype, shape,
+        fill), layout)``.
     returns : tuple of int
         The parameters returned, in order: outputs, then written dask inputs.
     rank : int
@@ -235,6 +304,8 @@ class _ChunkLaunch:
         return tuple(out)
 
     def __call__(self, *values, block_id):
+        # A lone per-chunk result's block ids also count its own new axes.
+        block_id = block_id[:len(self.chunks)]
         block = tuple(c[b] for c, b in zip(self.chunks, block_id))
         inputs = [v for (kind, _, _), v in zip(self._taking(), values) if kind == CHUNK]
         xp = _array_module(self.cupy or any(_is_cupy(v) for v in inputs))
@@ -245,12 +316,9 @@ class _ChunkLaunch:
             if kind == OFFSET:
                 args.append(offsets[a])
             elif kind == OUT:
-                order = "F" if b == "F" else "C"
-                if xp is not np:
-                    args.append(xp.zeros(block, dtype=a, order=order))
-                else:
-                    # Zero-filled on the GPU by the launch, not copied there.
-                    args.append(Zeroed(np.empty(block, dtype=a, order=order)))
+                args.append(_fresh(xp, block, a, b, 0))
+            elif kind == PER_CHUNK:
+                args.append(_fresh(xp, a[1], a[0], b, a[2]))
             else:
                 args.append(_prepared(kind, a, b, next(it), xp))
         size = math.prod(shape)
@@ -266,12 +334,28 @@ class _ChunkLaunch:
                         f"{tuple(int(o) for o in offsets)}"
                     )
                 raise
-        results = tuple(_unwrap(args[i]) for i in self.returns)
+        lead = (1,) * len(block)  # a per-chunk output is one block of the result
+        results = tuple(
+            _unwrap(args[i]).reshape(lead + self.params[i][1][1])
+            if self.params[i][0] == PER_CHUNK else _unwrap(args[i])
+            for i in self.returns
+        )
         return results[0] if len(results) == 1 else results
 
     def _taking(self):
         """The parameters that take a task argument, in order."""
-        return [p for p in self.params if p[0] not in (OFFSET, OUT)]
+        return [p for p in self.params if p[0] in (CHUNK, WHOLE, VALUE)]
+
+
+def _fresh(xp, shape, dtype, layout, fill):
+    """A new output of ``shape`` filled with ``fill``; NumPy zeros are filled on the GPU."""
+    order = "F" if layout == "F" else "C"
+    if xp is not np:
+        return xp.full(shape, fill, dtype=dtype, order=order)
+    if fill == 0:
+        # Zero-filled on the GPU by the launch, not copied there.
+        return Zeroed(np.empty(shape, dtype=dtype, order=order))
+    return np.full(shape, fill, dtype=dtype, order=order)
 
 
 def _prepared(kind, a, b, value, xp):
@@ -352,6 +436,8 @@ def _classify(args):
                 )
             roles.append((CHUNK, len(arrays)))
             arrays.append(a)
+        elif isinstance(a, Out) and a.per_chunk is not None:
+            roles.append((PER_CHUNK, a))
         elif isinstance(a, Out):
             roles.append((OUT, len(arrays)))
             arrays.append(a)
@@ -370,7 +456,8 @@ def _classify(args):
     if not arrays:
         raise ValueError(
             "map_kernel needs at least one dask array or dg.Out among the arguments "
-            "to take its chunks from; for a single launch use kernel.forall(n)(...)"
+            "to take its chunks from (an aligned one: a per-chunk output has no chunks); "
+            "for a single launch use kernel.forall(n)(...)"
         )
     return roles, arrays
 
@@ -442,6 +529,8 @@ def _examples(roles, arrays, ndim):
             out.append(np.empty((1,) * rank, dtype=a.dtype))
         elif kind == OFFSET:
             out.extend([np.int64(0)] * ndim)
+        elif kind == PER_CHUNK:
+            out.append(np.empty((1,) * value.ndim, dtype=value.dtype))
         else:
             out.append(value)
     return tuple(out)
@@ -478,7 +567,8 @@ def _meta_base(arrays):
     return None
 
 
-def map_kernel(kernel, *args, depth=None, boundary=None, tpb=0, name=None, grid_ndim=None):
+def map_kernel(kernel, *args, depth=None, boundary=None, tpb=0, name=None, grid_ndim=None,
+               split_every=None):
     """Launch ``kernel`` once per chunk of dask arrays; return its outputs lazily.
 
     Parameters
@@ -493,7 +583,9 @@ def map_kernel(kernel, *args, depth=None, boundary=None, tpb=0, name=None, grid_
         - dask arrays: one chunk per launch, chunks aligned and broadcast as
           ``da.blockwise`` does (lower-rank or size-1 arrays arrive with their
           own chunk shape);
-        - :class:`Out`: an output allocated per chunk on the worker;
+        - :class:`Out`: an output allocated per chunk on the worker, aligned
+          with the chunks, or one per launch (``per_chunk=``), optionally
+          combined across chunks (``combine=``);
         - :data:`offset`: the chunk's global start index, one ``int64`` per
           dimension;
         - numpy or device arrays: passed whole to every launch (a copy, if the
@@ -516,6 +608,9 @@ def map_kernel(kernel, *args, depth=None, boundary=None, tpb=0, name=None, grid_
         Launch rank. Default: the rank of the kernel's ``cuda.grid(n)`` /
         ``cuda.gridsize(n)`` calls, else 1. Rank 1 launches ``chunk.size``
         threads; rank 2 or 3 launches ``chunk.shape`` threads (axis 0 is x).
+    split_every : int or dict, optional
+        For outputs with ``combine=``: how many partials one combine task
+        folds, as in ``da.reduction`` (default: dask's ``split_every``).
 
     Returns
     -------
@@ -562,12 +657,25 @@ def map_kernel(kernel, *args, depth=None, boundary=None, tpb=0, name=None, grid_
     >>> with dask.config.set({"daskgpu.simulate": True}):
     ...     dg.map_kernel(index, dg.Out(np.int64, shape=(6,), chunks=3), dg.offset).compute()
     array([0, 1, 2, 3, 4, 5])
+
+    A per-chunk output, summed across chunks (a histogram):
+
+    >>> @dg.jit
+    ... def hist(counts, x):
+    ...     i = cuda.grid(1)
+    ...     if i < x.size:
+    ...         cuda.atomic.add(counts, x[i] % 4, 1)
+    >>> x = da.arange(10, chunks=3)
+    >>> with dask.config.set({"daskgpu.simulate": True}):
+    ...     dg.map_kernel(hist, dg.Out(np.int64, per_chunk=4, combine="sum"), x).compute()
+    array([3, 3, 2, 2])
     """
     _check_kernel(kernel)
     if operator.index(tpb) < 0:
         raise ValueError(f"tpb must be 0 (automatic) or positive, got {tpb!r}")
     roles, arrays = _classify(args)
     ndim = _mapped_rank(arrays)
+    _check_extras(roles, depth)
     image, rank = _select_image(kernel, roles, arrays, ndim, grid_ndim)
     ship = _shipped(kernel, image)
     params, returns = _plan_params(kernel.__name__, image, roles, arrays, ndim)
@@ -577,8 +685,9 @@ def map_kernel(kernel, *args, depth=None, boundary=None, tpb=0, name=None, grid_
         token = tokenize(image.hash, kernel.__name__, args, depth, boundary, int(tpb),
                          rank, _config.simulating())
         name = f"{kernel.__name__}-{token}"
-    return _build_graph(ship, roles, arrays, ndim, params, returns,
-                        rank=rank, tpb=int(tpb), depth=depth, boundary=boundary, name=name)
+    results = _build_graph(ship, roles, arrays, ndim, params, returns,
+                           rank=rank, tpb=int(tpb), depth=depth, boundary=boundary, name=name)
+    return _combined(results, roles, returns, ndim, split_every, name)
 
 
 def _mapped_rank(arrays) -> int:
@@ -633,6 +742,10 @@ def _plan_params(kernel_name, image, roles, arrays, ndim):
         elif kind == OUT:
             params.append((OUT, arrays[value].dtype.str, spec.layout))
             returns.append((index, arrays[value].dtype))
+        elif kind == PER_CHUNK:
+            params.append((PER_CHUNK, (value.dtype.str, value.per_chunk, value.fill),
+                           spec.layout))
+            returns.append((index, value.dtype))
         elif kind == WHOLE:
             params.append((WHOLE, written, None))
         else:
@@ -668,23 +781,68 @@ def _build_graph(ship, roles, arrays, ndim, params, returns, *, rank, tpb, depth
     for kind, value in roles:
         if kind == CHUNK:
             task_args.append(blocks[value])
-        elif kind not in (OUT, OFFSET):
+        elif kind in (WHOLE, VALUE):
             task_args.append(value)
 
-    meta_of = (lambda dt: meta_from_array(base, ndim, dt)) if base is not None else (
-        lambda dt: np.empty((0,) * ndim, dtype=dt))
+    meta_of = (lambda dt, nd: meta_from_array(base, nd, dt)) if base is not None else (
+        lambda dt, nd: np.empty((0,) * nd, dtype=dt))
+    # Per result: its shape per launch, when it is a per-chunk output.
+    per_chunk = [params[i][1][1] if params[i][0] == PER_CHUNK else None for i, _ in returns]
     with _gpu_annotation():
         if len(returns) == 1:
-            results = [da.map_blocks(fn, *task_args, name=name, chunks=block_chunks,
-                                     meta=meta_of(returns[0][1]))]
+            results = [da.map_blocks(fn, *task_args, name=name,
+                                     meta=meta_of(returns[0][1], ndim + len(per_chunk[0] or ())),
+                                     **_block_layout(block_chunks, per_chunk[0]))]
         else:
             launched = da.map_blocks(fn, *task_args, name=name, chunks=block_chunks,
                                      meta=np.empty((0,) * ndim, dtype=object))
             results = [
                 launched.map_blocks(operator.getitem, i, name=f"{name}-out{i}",
-                                    meta=meta_of(dt))
-                for i, (_, dt) in enumerate(returns)
+                                    meta=meta_of(dt, ndim + len(per or ())),
+                                    **_block_layout(block_chunks, per))
+                for i, ((_, dt), per) in enumerate(zip(returns, per_chunk))
             ]
     if trim is not None:
         results = [trim_internal(r, *trim) for r in results]
     return results[0] if len(results) == 1 else tuple(results)
+
+
+def _block_layout(block_chunks, per_chunk):
+    """``map_blocks`` keywords of a result: aligned, or one block of ``per_chunk`` a launch."""
+    if per_chunk is None:
+        return {"chunks": block_chunks}
+    ndim = len(block_chunks)
+    return {"chunks": tuple((1,) * len(c) for c in block_chunks) + tuple((n,) for n in per_chunk),
+            "new_axis": list(range(ndim, ndim + len(per_chunk)))}
+
+
+def _check_extras(roles, depth):
+    """Refuse per-chunk outputs where they have no meaning."""
+    if depth is None or PER_CHUNK not in {kind for kind, _ in roles}:
+        return
+    depths = depth.values() if isinstance(depth, dict) else np.atleast_1d(depth).tolist()
+    if any(depths):
+        raise ValueError(
+            f"map_kernel got depth={depth!r} with a per-chunk output (dg.Out(per_chunk=...)). "
+            "Halos overlap neighbouring chunks, so their elements would count in two "
+            "per-chunk results; map without depth, or use an aligned output "
+            "(dg.Out(dtype, like=x)) and reduce it afterwards"
+        )
+
+
+def _combined(results, roles, returns, ndim, split_every, name):
+    """The results, each per-chunk output with a ``combine`` reduced across chunks."""
+    by_index, index = {}, 0  # kernel parameter index -> its per-chunk Out
+    for kind, value in roles:
+        if kind == PER_CHUNK:
+            by_index[index] = value
+        index += ndim if kind == OFFSET else 1
+    many = isinstance(results, tuple)
+    done = []
+    for k, (result, (i, _)) in enumerate(zip(results if many else (results,), returns)):
+        out = by_index.get(i)
+        if out is not None and out.fold is not None:
+            result = reduction.combine_partials(result, ndim, out.fold, split_every,
+                                                name=f"{name}-combine{k}")
+        done.append(result)
+    return tuple(done) if many else done[0]
