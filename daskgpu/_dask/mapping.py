@@ -568,7 +568,7 @@ def _meta_base(arrays):
 
 
 def map_kernel(kernel, *args, depth=None, boundary=None, tpb=0, name=None, grid_ndim=None,
-               split_every=None):
+               split_every=None, token=None):
     """Launch ``kernel`` once per chunk of dask arrays; return its outputs lazily.
 
     Parameters
@@ -600,14 +600,19 @@ def map_kernel(kernel, *args, depth=None, boundary=None, tpb=0, name=None, grid_
     tpb : int
         Threads per block; 0 asks the occupancy API.
     name : str, optional
-        Key name of the launch tasks, and of the result when there is one
-        output and no halo (several outputs are named ``{name}-out{i}``).
-        Default: the kernel's name and a token of its image hash and the
-        arguments, so equal calls give equal keys.
+        Prefix of the key names: the launch tasks are named ``{name}-{token}``,
+        the token hashing the image and the arguments, so equal calls give
+        equal keys and two different calls never share one (several outputs
+        are named ``{name}-{token}-out{i}``). Default: the kernel's name.
     grid_ndim : int, optional
         Launch rank. Default: the rank of the kernel's ``cuda.grid(n)`` /
         ``cuda.gridsize(n)`` calls, else 1. Rank 1 launches ``chunk.size``
         threads; rank 2 or 3 launches ``chunk.shape`` threads (axis 0 is x).
+    token : str, optional
+        The full key name instead, used as given: two calls with the same
+        ``token`` share their results, so make it unique. (``da.map_blocks``
+        has the same two options the other way round: there ``token`` is the
+        prefix and ``name`` the full name.)
     split_every : int or dict, optional
         For outputs with ``combine=``: how many partials one combine task
         folds, as in ``da.reduction`` (default: dask's ``split_every``).
@@ -679,12 +684,17 @@ def map_kernel(kernel, *args, depth=None, boundary=None, tpb=0, name=None, grid_
     image, rank = _select_image(kernel, roles, arrays, ndim, grid_ndim)
     ship = _shipped(kernel, image)
     params, returns = _plan_params(kernel.__name__, image, roles, arrays, ndim)
-    if name is None:
+    if token is not None:
+        if name is not None:
+            raise TypeError("map_kernel takes name= (a prefix, a token of the arguments "
+                            "is added) or token= (the full key name), not both")
+        name = str(token)
+    else:
         from dask.base import tokenize
 
-        token = tokenize(image.hash, kernel.__name__, args, depth, boundary, int(tpb),
-                         rank, _config.simulating())
-        name = f"{kernel.__name__}-{token}"
+        name = f"{name or kernel.__name__}-" + tokenize(
+            image.hash, kernel.__name__, args, depth, boundary, int(tpb), rank,
+            _config.simulating())
     results = _build_graph(ship, roles, arrays, ndim, params, returns,
                            rank=rank, tpb=int(tpb), depth=depth, boundary=boundary, name=name)
     return _combined(results, roles, returns, ndim, split_every, name)
