@@ -40,6 +40,7 @@ _LAZY = {
     "map_kernel": "daskgpu._dask.mapping",
     "Out": "daskgpu._dask.mapping",
     "offset": "daskgpu._dask.mapping",
+    "random_states": "daskgpu._compiler.random_states",
     "LocalGPUCluster": "daskgpu._dask.cluster",
     "GPUWorkerPlugin": "daskgpu._dask.plugin",
     "device_info": "daskgpu._dask.plugin",
@@ -92,6 +93,7 @@ __all__ = [
     "load",
     "map_kernel",
     "offset",
+    "random_states",
     "run_batch",
     "save",
 ]

@@ -20,6 +20,7 @@ import numpy as np
 from daskgpu import _config
 from daskgpu._dask import reduction
 from daskgpu._image.argspec import Zeroed
+from daskgpu._image.random_states import STATE_DTYPE, RandomStates
 from daskgpu._runtime.launch import PTXKernel, _unwrap
 
 __all__ = ["Out", "map_kernel", "offset"]
@@ -229,8 +230,8 @@ def _combine_name(combine) -> str:
 
 # Parameter kinds of a _ChunkLaunch; CHUNK, WHOLE and VALUE take a task argument.
 CHUNK, OUT, WHOLE, VALUE, OFFSET = "chunk", "out", "whole", "value", "offset"
-# A per-chunk output: dg.Out(dtype, per_chunk=shape).
-PER_CHUNK = "per_chunk"
+# A per-chunk output (dg.Out(dtype, per_chunk=shape)) and random states (dg.random_states).
+PER_CHUNK, RANDOM = "per_chunk", "random"
 
 
 def _is_cupy(value) -> bool:
@@ -255,8 +256,8 @@ class _ChunkLaunch:
     params : tuple
         One ``(kind, a, b)`` per kernel parameter: ``(CHUNK, layout, written)``,
         ``(OUT, dtype, layout)``, ``(WHOLE, written, None)``, ``(VALUE, None,
-        None)``, ``(OFFSET, axis, None)`` or ``(PER_CHUNK, (dtype, shape,
-        fill), layout)``.
+        None)``, ``(OFFSET, axis, None)``, ``(PER_CHUNK, (dtype, shape,
+        fill), layout)`` or ``(RANDOM, seed, states kernel)``.
     returns : tuple of int
         The parameters returned, in order: outputs, then written dask inputs.
     rank : int
@@ -319,6 +320,8 @@ class _ChunkLaunch:
                 args.append(_fresh(xp, block, a, b, 0))
             elif kind == PER_CHUNK:
                 args.append(_fresh(xp, a[1], a[0], b, a[2]))
+            elif kind == RANDOM:
+                args.append(self._states(a, b, block_id, shape))
             else:
                 args.append(_prepared(kind, a, b, next(it), xp))
         size = math.prod(shape)
@@ -345,6 +348,15 @@ class _ChunkLaunch:
     def _taking(self):
         """The parameters that take a task argument, in order."""
         return [p for p in self.params if p[0] in (CHUNK, WHOLE, VALUE)]
+
+    def _states(self, seed, builder, block_id, shape):
+        """This launch's random states: element ``i`` gets the state of its global flat index."""
+        from daskgpu._runtime.random_states import build
+
+        full = tuple(sum(c) for c in self.chunks)  # random states refuse halos
+        strides = tuple(math.prod(full[ax + 1:]) for ax in range(len(full)))
+        base = sum(self.starts[ax][b] * st for ax, (b, st) in enumerate(zip(block_id, strides)))
+        return build(seed, base, tuple(shape), strides, builder)
 
 
 def _fresh(xp, shape, dtype, layout, fill):
@@ -443,6 +455,14 @@ def _classify(args):
             arrays.append(a)
         elif a is offset:
             roles.append((OFFSET, None))
+        elif isinstance(a, RandomStates):
+            if a.n is not None or a.start:
+                raise TypeError(
+                    f"map_kernel argument {pos} is {a!r}; in map_kernel write "
+                    f"dg.random_states({a.seed}) without n or start: each chunk gets the "
+                    "states of its elements' global indices"
+                )
+            roles.append((RANDOM, a))
         elif isinstance(a, np.ndarray) or hasattr(a, "__cuda_array_interface__"):
             roles.append((WHOLE, a))
         elif isinstance(a, (Number, np.generic)) and not is_dask_collection(a):
@@ -451,7 +471,7 @@ def _classify(args):
             raise TypeError(
                 f"map_kernel argument {pos} is a {type(a).__name__}; pass dask arrays, "
                 "numpy or device arrays (passed whole to every chunk), numbers, "
-                "dg.Out(dtype, like=x) outputs or dg.offset"
+                "dg.Out(dtype, like=x) outputs, dg.offset or dg.random_states(seed)"
             )
     if not arrays:
         raise ValueError(
@@ -531,6 +551,8 @@ def _examples(roles, arrays, ndim):
             out.extend([np.int64(0)] * ndim)
         elif kind == PER_CHUNK:
             out.append(np.empty((1,) * value.ndim, dtype=value.dtype))
+        elif kind == RANDOM:
+            out.append(np.empty(1, dtype=STATE_DTYPE))
         else:
             out.append(value)
     return tuple(out)
@@ -588,6 +610,9 @@ def map_kernel(kernel, *args, depth=None, boundary=None, tpb=0, name=None, grid_
           combined across chunks (``combine=``);
         - :data:`offset`: the chunk's global start index, one ``int64`` per
           dimension;
+        - :func:`random_states` ``(seed)``: the chunk's xoroshiro128+ states,
+          one per element of the launch, state *g* for global (row-major flat)
+          element *g*, so the numbers do not depend on the chunking;
         - numpy or device arrays: passed whole to every launch (a copy, if the
           kernel writes it; those writes are not returned);
         - numbers.
@@ -680,7 +705,7 @@ def map_kernel(kernel, *args, depth=None, boundary=None, tpb=0, name=None, grid_
         raise ValueError(f"tpb must be 0 (automatic) or positive, got {tpb!r}")
     roles, arrays = _classify(args)
     ndim = _mapped_rank(arrays)
-    _check_extras(roles, depth)
+    _check_extras(roles, ndim, depth)
     image, rank = _select_image(kernel, roles, arrays, ndim, grid_ndim)
     ship = _shipped(kernel, image)
     params, returns = _plan_params(kernel.__name__, image, roles, arrays, ndim)
@@ -756,6 +781,8 @@ def _plan_params(kernel_name, image, roles, arrays, ndim):
             params.append((PER_CHUNK, (value.dtype.str, value.per_chunk, value.fill),
                            spec.layout))
             returns.append((index, value.dtype))
+        elif kind == RANDOM:  # scratch: the kernel's writes to its states are not returned
+            params.append((RANDOM, value.seed, _states_builder()))
         elif kind == WHOLE:
             params.append((WHOLE, written, None))
         else:
@@ -826,18 +853,37 @@ def _block_layout(block_chunks, per_chunk):
             "new_axis": list(range(ndim, ndim + len(per_chunk)))}
 
 
-def _check_extras(roles, depth):
-    """Refuse per-chunk outputs where they have no meaning."""
-    if depth is None or PER_CHUNK not in {kind for kind, _ in roles}:
-        return
-    depths = depth.values() if isinstance(depth, dict) else np.atleast_1d(depth).tolist()
-    if any(depths):
+def _check_extras(roles, ndim, depth):
+    """Refuse per-chunk outputs and random states where they have no meaning."""
+    kinds = {kind for kind, _ in roles}
+    halo = depth is not None and any(
+        depth.values() if isinstance(depth, dict) else np.atleast_1d(depth).tolist())
+    if halo and PER_CHUNK in kinds:
         raise ValueError(
             f"map_kernel got depth={depth!r} with a per-chunk output (dg.Out(per_chunk=...)). "
             "Halos overlap neighbouring chunks, so their elements would count in two "
             "per-chunk results; map without depth, or use an aligned output "
             "(dg.Out(dtype, like=x)) and reduce it afterwards"
         )
+    if halo and RANDOM in kinds:
+        raise ValueError(
+            f"map_kernel got depth={depth!r} with dg.random_states: a halo element "
+            "belongs to two chunks and would draw from one state twice; map without depth"
+        )
+    if RANDOM in kinds and ndim > 3:
+        raise ValueError(
+            f"dg.random_states numbers the elements of maps of up to 3 dimensions; this "
+            f"map is {ndim}-D. Reshape the arrays to at most 3 dimensions first"
+        )
+
+
+def _states_builder():
+    """The PTX-only states kernel, compiled here on the client; None while simulating."""
+    if _config.simulating():
+        return None  # simulated workers build states on the host, from the same table
+    from daskgpu._compiler.random_states import builder
+
+    return builder()
 
 
 def _combined(results, roles, returns, ndim, split_every, name):

@@ -12,6 +12,7 @@ from daskgpu import _config
 from daskgpu._errors import LaunchConfigError, PicklingError
 from daskgpu._image.argspec import Zeroed, array_info, describe, mismatch, signature_str
 from daskgpu._image.config import LaunchConfig
+from daskgpu._image.random_states import RandomStates
 
 
 def written_result(args, writes):
@@ -48,6 +49,8 @@ class Launch:
             result = fast(args)
             if result is not NotImplemented:
                 return result
+        if any(type(a) is RandomStates for a in args):
+            return _with_states(self, args)
         # Each argument's array facts are read once, for matching and marshalling.
         infos = [array_info(a) for a in args]
         image = self.kernel._select(args, infos)
@@ -69,6 +72,21 @@ class Launch:
     @property
     def __name__(self):  # Dask names tasks after their function
         return self.kernel.__name__
+
+
+def _with_states(launch, args):
+    """Call ``launch`` with its :func:`~daskgpu.random_states` built on this device.
+
+    The states are scratch: the kernel's writes to them are not returned.
+    """
+    from daskgpu._runtime.random_states import expand
+
+    placeholders = {i for i, a in enumerate(args) if type(a) is RandomStates}
+    args = expand(args)
+    infos = [array_info(a) for a in args]
+    image = launch.kernel._select(args, infos)
+    launch.kernel._run(image, launch.config, args, infos)
+    return written_result(args, [i for i in image.writes if i not in placeholders])
 
 
 #: Launches a kernel keeps for reuse, one per configuration (LaunchAPI._launch).
