@@ -276,7 +276,13 @@ def _read_instance_cai(value):
     return None
 
 
+def _read_hint(value):
+    return array_info(value.value)
+
+
 def _reader_for(cls):
+    if cls.__module__ == "numba.cuda.args" and cls.__name__ in ("In", "Out", "InOut"):
+        return _read_hint  # numba-cuda's copy hints: the array they wrap
     if not hasattr(cls, "__cuda_array_interface__"):
         # Instances without a __dict__ (numbers, numpy scalars) cannot carry
         # the interface; others may, one by one.

@@ -25,7 +25,11 @@ def written_result(args, writes):
 
 
 def _unwrap(arg):
-    return arg.array if type(arg) is Zeroed else arg
+    if type(arg) is Zeroed:
+        return arg.array
+    if type(arg).__module__ == "numba.cuda.args":  # cuda.In / Out / InOut
+        return arg.value
+    return arg
 
 
 class Launch:

@@ -260,6 +260,12 @@ class _HostStaging:
         A :class:`~daskgpu._image.argspec.Zeroed` output is zero-filled on the device
         instead of copied.
         """
+        hint = type(arg).__name__ if type(arg).__module__ == "numba.cuda.args" else None
+        if hint is not None:
+            # numba-cuda's cuda.In / Out / InOut name the copies: In copies in
+            # only, Out copies back only, InOut both, whatever the kernel writes.
+            written = hint != "In"
+            arg = Zeroed(arg.value) if hint == "Out" else arg.value
         fresh = type(arg) is Zeroed
         array = arg.array if fresh else arg
         host = array
@@ -269,7 +275,7 @@ class _HostStaging:
             return (0, host.shape, host.strides, host.itemsize)
         # Small copies go directly: the driver's own staging is as fast there.
         direct = host.nbytes < self.min_pipelined
-        if fresh and not direct:
+        if fresh and not direct and hint is None:  # the user's Out array must be filled
             locked = pinned_outputs().empty(host.shape, host.dtype,
                                             "F" if _is_f_only(host) else "C")
             if locked is not None:  # None: the pool is full of live outputs

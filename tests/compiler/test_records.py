@@ -134,3 +134,11 @@ def test_record_mismatch_names_the_dtypes():
     k = set_record.specialize(np.zeros(2, ALIGNED), np.zeros(1, ALIGNED)[0])
     with pytest.raises(TypeError, match="same fields, offsets and itemsize"):
         k.ptx_kernel()._select([np.zeros(2, PACKED), np.zeros(1, ALIGNED)[0]])
+
+
+def test_cuda_in_out_inout_match_the_array_they_wrap():
+    k = dg.jit("void(float32[::1])")(lambda a: None)
+    a = np.zeros(4, np.float32)
+    for hint in (cuda.In, cuda.Out, cuda.InOut):
+        assert k.images[0].args[0].accepts(hint(a))
+    assert not k.images[0].args[0].accepts(cuda.In(np.zeros(4)))
