@@ -43,14 +43,15 @@ def test_heat2d(cluster):
     assert u.sum() == pytest.approx(heat2d.initial(16).sum(), rel=1e-12)  # not at the edge yet
 
 
-def test_monte_carlo_pi(cluster):
+def test_monte_carlo_pi(cluster, capsys):
     mc = load("monte_carlo_pi")
-    estimate, hits = mc.main(n=2_000, cluster=cluster)
-    assert hits == mc.reference_hits(2_000, 2024)
-    assert abs(estimate - np.pi) < 0.15
-    # Counter-based: the same samples however they are chunked.
-    _, hits_again = mc.main(n=2_000, cluster=cluster)
-    assert hits_again == hits
+    estimate, hits = mc.main(streams=600, draws=4, cluster=cluster, chunks=250)
+    np.testing.assert_array_equal(hits, mc.reference_hits(600, 4, 2024))
+    assert abs(estimate - np.pi) < 0.2
+    assert "matches Numba's own states" in capsys.readouterr().out
+    # Numba's random streams, the same however they are chunked.
+    _, hits_again = mc.main(streams=600, draws=4, cluster=cluster, chunks=(77, 500, 23))
+    np.testing.assert_array_equal(hits_again, hits)
 
 
 def test_batch_map(cluster):
@@ -85,3 +86,28 @@ def test_demo_refuses_a_contradictory_simulate(cluster):
 
     with pytest.raises(ValueError, match="leave simulate=None"):
         _demo.run(size=100, simulate=False, cluster=cluster)
+
+
+def test_histogram(cluster, capsys):
+    hist = load("histogram")
+    counts = hist.main(n=3_000, cluster=cluster, chunks=700)
+    assert counts.shape == (256,) and counts.dtype == np.int64
+    assert "matches NumPy" in capsys.readouterr().out
+    assert 2_990 < counts.sum() <= 3_000  # normal samples: hardly any beyond 4 sigma
+
+
+def test_chunk_stats(cluster, capsys):
+    table, overall = load("chunk_stats").main(n=2_000, cluster=cluster, chunks=300)
+    assert table.shape == (7, 5)
+    np.testing.assert_array_equal(table[:, 0], [300] * 6 + [200])
+    assert overall[0] == 2_000
+    assert table[:, 3].min() == overall[3] and table[:, 4].max() == overall[4]
+    assert "(matches NumPy)" in capsys.readouterr().out
+
+
+def test_xarray_apply(cluster, capsys):
+    pytest.importorskip("xarray")
+    hot, counts = load("xarray_apply").main(shape=(4, 5, 6), cluster=cluster)
+    assert hot.dims == ("time", "lat", "lon") and hot.name == "t2m"
+    assert counts.dims == ("bin",) and counts.sizes["bin"] == 64
+    assert "matching NumPy" in capsys.readouterr().out
