@@ -768,7 +768,9 @@ def section_sizes(name: str, size: int) -> dict:
 def main(argv=None) -> int:
     from dask.utils import parse_bytes
 
-    parser = argparse.ArgumentParser(prog="daskgpu bench", description=__doc__)
+    from daskgpu._cli.common import Parser  # usage errors exit 2; help without markup
+
+    parser = Parser(prog="daskgpu bench", description=__doc__)
     parser.add_argument("sections", nargs="*", default=list(SECTIONS),
                         help=f"which comparisons to run (default all: {', '.join(SECTIONS)})")
     parser.add_argument("--json", metavar="PATH", help="also write the figures as JSON")

@@ -9,9 +9,11 @@ import importlib
 import importlib.util
 import inspect
 import os
+import re
 import sys
 
-from daskgpu._errors import DaskGPUError
+from daskgpu._config import ConfigError
+from daskgpu._errors import BundleError, DaskGPUError, LaunchConfigError
 
 
 class UsageError(DaskGPUError, ValueError):
@@ -22,7 +24,35 @@ class UsageError(DaskGPUError, ValueError):
         self.parser = parser
 
 
+#: What a command line asked for that cannot run as given: exit status 2.
+USAGE_ERRORS = (UsageError, BundleError, ConfigError, LaunchConfigError)
+
+_ROLE = re.compile(r":(?:func|class|mod|meth|attr|data|exc):`~?([^`]+)`")
+
+
+def plain(text: str | None) -> str | None:
+    """Docstring text as ``--help`` shows it: no reStructuredText markup.
+
+    Examples
+    --------
+    >>> plain("``daskgpu bench``: see :func:`~daskgpu.map_kernel` and :mod:`daskgpu._cli`.")
+    'daskgpu bench: see map_kernel and daskgpu._cli.'
+    """
+    if text is None:
+        return None
+    text = _ROLE.sub(lambda m: m.group(1).rpartition(".")[2] if m.group(0).count("~")
+                     else m.group(1), text)
+    return text.replace("``", "")
+
+
 class Parser(argparse.ArgumentParser):
+    """An argument parser that raises :class:`UsageError` instead of exiting,
+    and shows its description and epilog without reStructuredText markup."""
+
+    def __init__(self, *args, description=None, epilog=None, **kwargs):
+        super().__init__(*args, description=plain(description), epilog=plain(epilog),
+                         **kwargs)
+
     def error(self, message):
         raise UsageError(message, self)
 

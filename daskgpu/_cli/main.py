@@ -21,7 +21,14 @@ import os
 import sys
 
 from daskgpu._cli import bundles
-from daskgpu._cli.common import Parser, UsageError, device_list, positive_int, resources
+from daskgpu._cli.common import (
+    USAGE_ERRORS,
+    Parser,
+    UsageError,
+    device_list,
+    positive_int,
+    resources,
+)
 from daskgpu._cli.info import print_info
 from daskgpu._cli.workers import nanny_options, run_workers
 from daskgpu._errors import DaskGPUError
@@ -55,17 +62,31 @@ def build_parser() -> argparse.ArgumentParser:
     ...
     daskgpu._cli.common.UsageError: argument --nthreads: expected a positive integer, got 'zero'
     """
-    parser = _RootParser(prog="daskgpu", description="Run Numba CUDA kernels on Dask GPU clusters.")
+    parser = _RootParser(
+        prog="daskgpu", description="Run Numba CUDA kernels on Dask GPU clusters.",
+        epilog="Without a GPU, kernels run in Numba's CUDA simulator. Exit status: 0 on "
+               "success, 1 when the work failed, 2 for a usage error (a bad option, a "
+               "kernel or file that cannot be used as given, a command this machine "
+               "cannot run). 'daskgpu COMMAND --help' describes each command.")
     from daskgpu import __version__
 
     parser.add_argument("--version", action="version", version=f"daskgpu {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
-    p = sub.add_parser("info", help="GPUs, driver and nvJitLink versions of this machine")
+    def command(name, help, description=None, **kw):
+        return sub.add_parser(name, help=help, description=description or help[0].upper()
+                              + help[1:] + ".", **kw)
+
+    p = command("info", "show this machine's GPUs, CUDA driver and nvJitLink versions, and "
+                        "the newest PTX ISA they load")
     p.add_argument("--json", action="store_true", help="print a JSON document")
     p.set_defaults(_run=_cmd_info)
 
-    p = sub.add_parser("worker", help="start one Dask worker per local GPU")
+    p = command("worker", "start one Dask worker per local GPU",
+                "Start one Dask worker (a Nanny) per local GPU and join a scheduler. Each "
+                "worker sees only its GPU (CUDA_VISIBLE_DEVICES), offers the resource "
+                "GPU=1 and runs daskgpu's GPUWorkerPlugin. Needs a GPU; runs until "
+                "SIGINT or SIGTERM.")
     p.add_argument("scheduler", nargs="?", metavar="SCHEDULER",
                    help="scheduler address, e.g. tcp://scheduler:8786 (default: the "
                         "dask config 'scheduler-address', i.e. DASK_SCHEDULER_ADDRESS)")
@@ -78,21 +99,31 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--resources", type=resources, default={}, metavar="SPEC",
                    help="extra worker resources, e.g. 'GPU=1 MEM=16e9' (GPU=1 is always set)")
     p.add_argument("--name", help="worker name; with several GPUs, NAME-<device>")
-    p.add_argument("--memory-limit", default="auto", help="host memory per worker (default auto)")
+    p.add_argument("--memory-limit", default="auto", metavar="BYTES",
+                   help="host memory per worker, e.g. 16GB (default auto: the host's "
+                        "memory split between the GPUs)")
     p.add_argument("--local-directory", metavar="PATH", help="scratch directory of the workers")
     p.add_argument("--death-timeout", type=float, metavar="SECONDS",
-                   help="give up when the scheduler is unreachable this long")
+                   help="give up when the scheduler is unreachable this many seconds")
     p.add_argument("--dashboard-address", metavar="ADDRESS",
                    help="worker dashboard address (default: a free port)")
     p.set_defaults(_run=_cmd_worker, _check=_check_worker)
 
-    p = sub.add_parser("demo", help="run the demo job on the embedded local GPU cluster")
-    p.add_argument("--size", type=positive_int, metavar="N", help="problem size")
+    p = command("demo", "run the demo job on the embedded local GPU cluster",
+                "Start LocalGPUCluster (one worker per GPU; two simulated workers "
+                "without one), map a saxpy kernel over the chunks of a dask array, check "
+                "the result against NumPy and report the time and where each chunk ran.")
+    p.add_argument("--size", type=positive_int, metavar="N",
+                   help="elements (float32) per array (default 67,108,864 on a GPU, "
+                        "10,000 simulated)")
     p.add_argument("--simulate", action=argparse.BooleanOptionalAction, default=None,
                    help="run in Numba's CUDA simulator (default: only without a GPU)")
     p.set_defaults(_run=_cmd_demo)
 
-    p = sub.add_parser("compile", help="compile MODULE:FUNCTION to a kernel bundle")
+    p = command("compile", "compile MODULE:FUNCTION to a kernel bundle",
+                "Compile a function or kernel to PTX, for each signature given, and write "
+                "a kernel bundle (.dgk): a data-only file that launches on GPU machines "
+                "without numba. Needs no GPU.")
     p.add_argument("target", metavar="MODULE:FUNCTION",
                    help="a dotted module or a .py path, and a function, daskgpu kernel or "
                         "numba.cuda.jit kernel in it")
@@ -108,14 +139,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", metavar="PATH", help="bundle file (default FUNCTION.dgk)")
     p.set_defaults(_run=bundles.cmd_compile)
 
-    p = sub.add_parser("inspect", help="show what a kernel bundle holds")
+    p = command("inspect", "show what a kernel bundle holds",
+                "Show what a kernel bundle (.dgk) holds: signatures, PTX targets, write "
+                "set, options and hashes. Checks the bundle's integrity; runs no code.")
     p.add_argument("bundle", metavar="BUNDLE", help="a .dgk file")
     p.add_argument("--json", action="store_true", help="print a JSON document")
     p.set_defaults(_run=bundles.cmd_inspect)
 
-    for name, what in (("bench", "the performance comparison (on a GPU)"),
+    for name, what in (("bench", "compare daskgpu with hand-written Numba + Dask "
+                                 "(needs a GPU and CuPy)"),
                        ("batch", "run a kernel over stored arrays, with progress and resume")):
-        p = sub.add_parser(name, help=what, add_help=False)
+        p = command(name, what, add_help=False)
         p.add_argument("args", nargs=argparse.REMAINDER, help=f"arguments of daskgpu {name}")
         p.set_defaults(_run=_cmd_passthrough)
     return parser
@@ -127,7 +161,7 @@ def main(argv=None) -> int:
     Examples
     --------
     >>> main(["inspect", "no-such-file.dgk"])
-    1
+    2
     """
     parser = build_parser()
     try:
@@ -140,9 +174,13 @@ def main(argv=None) -> int:
         return exc.code if isinstance(exc.code, int) else 0
     try:
         return ns._run(ns) or 0
-    except UsageError as exc:
+    except USAGE_ERRORS as exc:
+        if getattr(exc, "parser", None) is not None:
+            exc.parser.print_usage(sys.stderr)
         print(f"daskgpu {ns.command}: error: {exc}", file=sys.stderr)
         return 2
+    except SystemExit as exc:  # a command's own parser: --help, or argparse's exit
+        return exc.code if isinstance(exc.code, int) else 0
     except BrokenPipeError:  # output piped into e.g. `head`: stop quietly
         try:
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
@@ -190,8 +228,45 @@ def _cmd_demo(ns) -> int:
     return importlib.import_module("daskgpu._cli.demo").main(argv) or 0
 
 
+def bench_unavailable():
+    """Why ``daskgpu bench`` cannot run on this machine, in one line; None when it can.
+
+    It needs a CUDA GPU and CuPy: its baselines are what users write with them.
+    """
+    from daskgpu._runtime._cuda import device_count
+
+    count, reason = device_count()
+    if count == 0:
+        return (f"daskgpu bench measures on a GPU and this machine has none "
+                f"({short_reason(reason)}); run it on a GPU machine")
+    if importlib.util.find_spec("cupy") is None:
+        return ("daskgpu bench needs CuPy, which is not installed: "
+                "pip install \"daskgpu[bench]\" (CUDA 12; daskgpu[bench-cu13] for CUDA 13)")
+    return None
+
+
+def short_reason(reason: str) -> str:
+    """A driver probe's failure in a few words: no stack of library-search advice.
+
+    Examples
+    --------
+    >>> short_reason('DynamicLibNotFoundError: "cuda" is an NVIDIA driver library ...')
+    'no CUDA driver: libcuda not found'
+    >>> short_reason("the CUDA driver reports no device")
+    'the CUDA driver reports no device'
+    """
+    if reason.startswith("DynamicLibNotFoundError"):
+        return "no CUDA driver: libcuda not found"
+    return reason.rstrip(".")
+
+
 def _cmd_passthrough(ns) -> int:
     module = _PASSTHROUGH[ns.command]
+    if ns.command == "bench" and not {"-h", "--help"} & set(ns.args):
+        why = bench_unavailable()
+        if why is not None:
+            print(why, file=sys.stderr)
+            return 2
     try:
         mod = importlib.import_module(module)
     except ModuleNotFoundError as exc:

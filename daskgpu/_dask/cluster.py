@@ -66,7 +66,10 @@ class LocalGPUCluster(SpecCluster):
         ``tls://``. True makes temporary self-signed credentials.
     host, scheduler_port, dashboard_address, worker_dashboard_address, protocol, \
 interface, silence_logs, memory_limit, asynchronous, loop, name, scheduler_kwargs
-        As for ``distributed.LocalCluster``.
+        As for ``distributed.LocalCluster``. ``dashboard_address=None`` starts
+        no dashboard, and the scheduler's other HTTP routes listen on a free
+        port, so nothing warns when 8787 is taken; ``":0"`` puts the dashboard
+        on a free port.
     **worker_kwargs
         Further options for each worker (or Nanny). Options that neither takes,
         and dask-cuda's (``n_workers``, ``CUDA_VISIBLE_DEVICES``,
@@ -129,7 +132,10 @@ interface, silence_logs, memory_limit, asynchronous, loop, name, scheduler_kwarg
                 "host": host, "port": scheduler_port, "protocol": protocol,
                 "interface": interface, "security": security,
                 "dashboard": dashboard_address is not None,
-                "dashboard_address": dashboard_address,
+                # The scheduler serves HTTP (health, metrics) even without a
+                # dashboard, by default on 8787: a free port instead, so that
+                # no dashboard means no "port 8787 is already in use" warning.
+                "dashboard_address": ":0" if dashboard_address is None else dashboard_address,
                 **(scheduler_kwargs or {}),
             },
         }

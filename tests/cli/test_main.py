@@ -421,7 +421,7 @@ def test_inspect_json(saved, capsys):
 def test_inspect_refuses_a_tampered_bundle(saved, capsys):
     path, _, _ = saved
     path.write_text(path.read_text().replace("float32", "float64", 1))
-    assert main(["inspect", str(path)]) == 1
+    assert main(["inspect", str(path)]) == 2  # usage: a bundle it cannot use
     assert "corrupt or tampered" in capsys.readouterr().err
 
 

@@ -307,3 +307,21 @@ def test_threaded_workers_take_worker_options_only():
 def test_threads_per_worker_must_be_a_positive_integer(threads):
     with pytest.raises(ValueError, match=f"threads_per_worker={threads!r}.*at least 1"):
         dg.LocalGPUCluster(simulate=True, threads_per_worker=threads)
+
+
+def test_no_dashboard_means_no_port_warning_when_8787_is_taken(recwarn):
+    import socket
+
+    with socket.socket() as taken:
+        taken.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            taken.bind(("127.0.0.1", 8787))
+        except OSError:
+            pass  # already taken by someone else: the case under test all the same
+        else:
+            taken.listen()
+        with dg.LocalGPUCluster(simulate=True, processes=False, dashboard_address=None) as c, \
+                Client(c) as client:
+            port = client.scheduler_info()["services"]["dashboard"]
+    assert port != 8787
+    assert not [w for w in recwarn if "already in use" in str(w.message)]
