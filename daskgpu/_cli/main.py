@@ -233,6 +233,7 @@ def bench_unavailable():
 
     It needs a CUDA GPU and CuPy: its baselines are what users write with them.
     """
+    from daskgpu._dask.cluster import short_reason
     from daskgpu._runtime._cuda import device_count
 
     count, reason = device_count()
@@ -243,21 +244,6 @@ def bench_unavailable():
         return ("daskgpu bench needs CuPy, which is not installed: "
                 "pip install \"daskgpu[bench]\" (CUDA 12; daskgpu[bench-cu13] for CUDA 13)")
     return None
-
-
-def short_reason(reason: str) -> str:
-    """A driver probe's failure in a few words: no stack of library-search advice.
-
-    Examples
-    --------
-    >>> short_reason('DynamicLibNotFoundError: "cuda" is an NVIDIA driver library ...')
-    'no CUDA driver: libcuda not found'
-    >>> short_reason("the CUDA driver reports no device")
-    'the CUDA driver reports no device'
-    """
-    if reason.startswith("DynamicLibNotFoundError"):
-        return "no CUDA driver: libcuda not found"
-    return reason.rstrip(".")
 
 
 def _cmd_passthrough(ns) -> int:

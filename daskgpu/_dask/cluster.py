@@ -316,19 +316,31 @@ def resolve_devices(devices=None, simulate=None):
             return devices or visible, False
         if simulate is not None:
             raise DeviceError(
-                f"LocalGPUCluster(simulate=False) found no CUDA GPU: {reason}. Install "
-                "the NVIDIA driver and check CUDA_VISIBLE_DEVICES, or pass simulate=True "
-                "to run kernels in Numba's CUDA simulator."
+                f"LocalGPUCluster(simulate=False) found no CUDA GPU ({short_reason(reason)})."
+                " Install the NVIDIA driver and check CUDA_VISIBLE_DEVICES, or pass "
+                "simulate=True to run kernels in Numba's CUDA simulator."
             )
-        why, level = f"no CUDA GPU found: {reason}", logging.WARNING
+        why, level = f"no CUDA GPU: {short_reason(reason)}", logging.WARNING
     devices = devices or tuple(range(SIMULATED_WORKERS))
-    logger.log(
-        level,
-        "LocalGPUCluster runs %d simulated workers (%s): kernels run in Numba's CUDA "
-        "simulator, slowly, for testing; pass simulate=False to require a GPU",
-        len(devices), why,
-    )
+    # One short line: a newcomer without a GPU sees it on every start.
+    logger.log(level, "LocalGPUCluster: %s; %d simulated workers run kernels in Numba's "
+               "CUDA simulator", why, len(devices))
     return devices, True
+
+
+def short_reason(reason: str) -> str:
+    """Why there is no GPU, in a few words, without the driver loader's advice.
+
+    Examples
+    --------
+    >>> short_reason('DynamicLibNotFoundError: "cuda" is an NVIDIA driver library ...')
+    'libcuda not found'
+    >>> short_reason("the CUDA driver reports CUDA_ERROR_NO_DEVICE.")
+    'the CUDA driver reports CUDA_ERROR_NO_DEVICE'
+    """
+    if reason.startswith(("DynamicLibNotFoundError", "OSError: libcuda")):
+        return "libcuda not found"
+    return reason.rstrip(". ")
 
 
 def parse_devices(devices) -> tuple:

@@ -149,7 +149,7 @@ def test_resolve_devices_without_gpu(monkeypatch, caplog):
     with caplog.at_level("WARNING", logger="daskgpu"):
         assert resolve_devices() == ((0, 1), True)
         assert resolve_devices([0, 1, 2]) == ((0, 1, 2), True)
-    assert "2 simulated workers (no CUDA GPU found: no driver here)" in caplog.text
+    assert "no CUDA GPU: no driver here; 2 simulated workers" in caplog.text
     with pytest.raises(dg.DeviceError, match="no driver here.*pass simulate=True"):
         resolve_devices(simulate=False)
 
@@ -325,3 +325,21 @@ def test_no_dashboard_means_no_port_warning_when_8787_is_taken(recwarn):
             port = client.scheduler_info()["services"]["dashboard"]
     assert port != 8787
     assert not [w for w in recwarn if "already in use" in str(w.message)]
+
+
+@pytest.mark.nogpu
+def test_simulating_without_a_gpu_says_so_in_one_short_line():
+    import subprocess
+    import sys
+
+    script = ("import daskgpu as dg\n"
+              "if __name__ == '__main__':\n"
+              "    with dg.LocalGPUCluster(dashboard_address=None, processes=False):\n"
+              "        pass\n")
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and len(lines[0]) <= 120, proc.stderr
+    assert "simulated workers" in lines[0] and "DynamicLibNotFoundError" not in lines[0]
+    assert ".." not in lines[0]
