@@ -53,5 +53,23 @@ def fsync(path) -> None:
         return
     try:
         os.fsync(fd)
+    except OSError:  # some filesystems refuse to sync a directory
+        pass
     finally:
         os.close(fd)
+
+
+def fsync_up(path, root) -> None:
+    """Flush ``path`` and every directory from its own up to ``root``, included.
+
+    A file created in new nested directories (zarr's ``c/0/1``) survives a
+    crash only once each new directory entry is on disk too.
+    """
+    path, root = os.path.abspath(path), os.path.abspath(root)
+    fsync(path)
+    folder = os.path.dirname(path)
+    while True:
+        fsync(folder)
+        if len(folder) <= len(root) or folder == os.path.dirname(folder):
+            break
+        folder = os.path.dirname(folder)

@@ -15,8 +15,9 @@ import sys
 import numpy as np
 
 from daskgpu._cli.common import Parser, UsageError, as_kernel, import_module, resolve
-from daskgpu._dask.batch import _local_client, run_batch
-from daskgpu._errors import DaskGPUError
+from daskgpu._config import ConfigError
+from daskgpu._dask.batch import BatchError, _local_client, run_batch
+from daskgpu._errors import BundleError, DaskGPUError, LaunchConfigError
 
 __all__ = ["build_parser", "load_kernel", "main"]
 
@@ -25,13 +26,39 @@ FAILED, INCOMPLETE, INTERRUPTED = 1, 3, 130
 
 
 def _output(text):
+    """``PATH`` or ``(PATH, dtype)`` from ``PATH[:DTYPE]``; a bad spec is a usage error.
+
+    A colon followed by no path separator starts a dtype, so ``z.zarr:floot32``
+    is refused rather than created as a directory of that name.
+    """
     path, sep, dtype = text.rpartition(":")
-    if sep and path:
+    spec = None
+    if sep and path and not any(c in dtype for c in "/\\"):
         try:
-            return path, np.dtype(dtype)
-        except TypeError:
-            pass
-    return text
+            spec = np.dtype(dtype) if dtype else None
+        except (TypeError, ValueError):
+            spec = None
+        if spec is None:
+            raise argparse.ArgumentTypeError(
+                f"--output {text!r}: {dtype!r} is not a dtype; write PATH:DTYPE with a numpy "
+                "dtype, e.g. out.zarr:float32, or PATH alone for the first input's dtype")
+        text = path
+    if text.endswith(".npy"):
+        raise argparse.ArgumentTypeError(
+            f"--output {text!r}: batch writes zarr arrays (chunk by chunk, resumable), not "
+            f".npy files; name it e.g. {text[:-4] + '.zarr'!r} and convert afterwards with "
+            "numpy.save if you need a .npy")
+    return text if spec is None else (text, spec)
+
+
+def _devices(text):
+    """``--devices``: GPU ordinals or UUIDs, checked as LocalGPUCluster checks them."""
+    from daskgpu._dask.cluster import parse_devices
+
+    try:
+        return list(parse_devices(text))
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _scalar(text):
@@ -77,7 +104,9 @@ def build_parser() -> argparse.ArgumentParser:
                     "to zarr chunk by chunk, with progress, retries and resume. The kernel "
                     "is called per chunk as kernel(*outputs, *scalars, *inputs).",
         epilog="Exit status: 0 when every chunk is written, 1 when chunks failed, 2 for a "
-               "usage error, 3 when chunks are left (--max-chunks), 130 when interrupted. "
+               "usage error (bad arguments, an input that cannot be read, an output that "
+               "overlaps an input or holds another job), 3 when chunks are left "
+               "(--max-chunks), 130 when interrupted. "
                "Rerun the same command to compute only the chunks not yet written.")
     parser.add_argument("kernel", metavar="KERNEL",
                         help="a kernel bundle (.dgk), or MODULE:FUNCTION (a dotted module "
@@ -99,7 +128,7 @@ def build_parser() -> argparse.ArgumentParser:
     where.add_argument("--scheduler", metavar="ADDRESS",
                        help="run on this Dask scheduler (default: a local GPU cluster)")
     where.add_argument("--scheduler-file", metavar="PATH", help="read the scheduler from a file")
-    where.add_argument("--devices", metavar="LIST",
+    where.add_argument("--devices", metavar="LIST", type=_devices,
                        help="GPUs of the local cluster, e.g. 0,1 (default: all)")
     parser.add_argument("--retries", type=int, default=2, metavar="N",
                         help="attempts to make again for a failing chunk (default 2)")
@@ -148,7 +177,7 @@ def main(argv=None) -> int:
     >>> main(["saxpy.dgk", "--input", "x.zarr", "--input", "y.zarr",
     ...       "--output", "z.zarr:float32", "--scalar", "2.0"])  # doctest: +SKIP
     batch saxpy: 40 chunks of 25000 over 1000000 on 4 workers; 0 already written, 40 to compute
-    [##############################] 40/40 chunks  2.1 s
+    chunks written: 100%|##########| 40/40 [00:02<00:00, 19.0chunk/s]
     40/40 chunks written (40 this run, 0 before) in 2.3 s
     0
     """
@@ -165,7 +194,8 @@ def main(argv=None) -> int:
         return exc.code if isinstance(exc.code, int) else 0
     try:
         return _main(ns)
-    except UsageError as exc:
+    except (UsageError, BatchError, BundleError, ConfigError, LaunchConfigError) as exc:
+        # What the command line asked for cannot run as given: a usage error.
         print(f"daskgpu batch: error: {exc}", file=sys.stderr)
         return 2
     except (DaskGPUError, OSError) as exc:

@@ -2,8 +2,12 @@
 
 Each output zarr array holds its ledger in the directory :data:`LEDGER`
 (``.daskgpu-done``): ``job.json``, which says what job the chunks belong to,
-and one empty marker file per finished chunk, named by its block index
-(``3`` or ``1.2``). Every file is written whole or not at all (a synced
+and one marker file per finished chunk, named by its block index (``3`` or
+``1.2``). A marker holds the fingerprints of what the chunk was made from and
+of what was stored: the sha256 of each input block read and of the output's
+stored chunk file. A rerun trusts a marker only while both still match, so a
+chunk whose input changed, or whose stored data went missing or was damaged,
+is computed again. Every file is written whole or not at all (a synced
 temporary file, renamed, then the directory synced), so a marker exists only
 for a chunk whose data is on disk. Reading the ledger, matching a rerun's job
 against the recorded one, and writing job and markers is all this module does;
@@ -12,16 +16,28 @@ against the recorded one, and writing job and markers is all this module does;
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
 
-from daskgpu._files import atomic_write
+from daskgpu._files import atomic_write, fsync
+
+__all__ = ["JOB", "LEDGER", "LedgerError", "block_digest", "done_chunks", "file_digest",
+           "forget", "read_job", "read_marker", "record", "remove_temporaries", "start"]
 
 #: The ledger directory inside each output zarr array.
 LEDGER = ".daskgpu-done"
 JOB = "job.json"
 _MARKER_RE = re.compile(r"\d+(\.\d+)*")
+
+
+class LedgerError(ValueError):
+    """A ledger file that cannot be read: the message names it and the fix."""
+
+
+def marker_name(block_id) -> str:
+    return ".".join(map(str, block_id))
 
 
 def done_chunks(path, ndim=None) -> set:
@@ -42,12 +58,47 @@ def done_chunks(path, ndim=None) -> set:
 
 
 def read_job(path):
-    """The job recorded in ``path``'s ledger, or None when it has none."""
+    """The job recorded in ``path``'s ledger, or None when it has none.
+
+    Raises
+    ------
+    LedgerError
+        When ``job.json`` is not a JSON object (damaged by hand or by a disk).
+    """
+    job_file = os.path.join(path, LEDGER, JOB)
     try:
-        with open(os.path.join(path, LEDGER, JOB), encoding="utf-8") as f:
-            return json.load(f)
+        with open(job_file, encoding="utf-8") as f:
+            job = json.load(f)
     except FileNotFoundError:
         return None
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise LedgerError(
+            f"the batch ledger file {job_file!r} is damaged ({exc}), so what the output "
+            "holds is unknown; remove the output directory and run again, or choose "
+            "another output") from None
+    if not isinstance(job, dict):
+        raise LedgerError(f"the batch ledger file {job_file!r} is damaged (not a JSON "
+                          "object); remove the output directory and run again, or choose "
+                          "another output")
+    return job
+
+
+def read_marker(path, block_id):
+    """The fingerprints recorded for chunk ``block_id`` of output ``path``, or None."""
+    try:
+        with open(os.path.join(path, LEDGER, marker_name(block_id)), "rb") as f:
+            marker = json.loads(f.read().decode("utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        return None  # missing, or torn by hand: the chunk is computed again
+    return marker if isinstance(marker, dict) else None
+
+
+def forget(path, block_id) -> None:
+    """Remove chunk ``block_id``'s marker from output ``path``: it is to be computed again."""
+    try:
+        os.unlink(os.path.join(path, LEDGER, marker_name(block_id)))
+    except FileNotFoundError:
+        pass
 
 
 def job_differences(job: dict, previous: dict) -> list:
@@ -60,10 +111,66 @@ def start(path, job: dict) -> None:
     ledger = os.path.join(path, LEDGER)
     os.makedirs(ledger, exist_ok=True)
     atomic_write(os.path.join(ledger, JOB), json.dumps(job, indent=1).encode())
+    fsync(path)
 
 
-def record(paths, block_id) -> None:
-    """Mark chunk ``block_id`` finished in the ledger of each output in ``paths``."""
-    marker = ".".join(map(str, block_id))
-    for path in paths:
-        atomic_write(os.path.join(path, LEDGER, marker))
+def record(path, block_id, inputs, output) -> None:
+    """Mark chunk ``block_id`` of output ``path`` finished, with its fingerprints.
+
+    ``inputs`` are the digests of the input blocks the chunk was computed
+    from, ``output`` the digest of the stored chunk file.
+    """
+    marker = json.dumps({"inputs": list(inputs), "output": output}).encode()
+    atomic_write(os.path.join(path, LEDGER, marker_name(block_id)), marker)
+
+
+def block_digest(block) -> str:
+    """The sha256 of an array's dtype, shape and C-order bytes.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> block_digest(np.zeros(3)) == block_digest(np.zeros(3))
+    True
+    >>> block_digest(np.zeros(3)) == block_digest(np.zeros(3, np.float32))
+    False
+    """
+    import numpy as np
+
+    block = np.ascontiguousarray(block)
+    h = hashlib.sha256(f"{block.dtype.str}{block.shape}".encode())
+    h.update(block.reshape(-1).view(np.uint8) if block.size else b"")
+    return h.hexdigest()
+
+
+def file_digest(path):
+    """The sha256 of a file's bytes, or None when it does not exist."""
+    h = hashlib.sha256()
+    try:
+        with open(path, "rb") as f:
+            for piece in iter(lambda: f.read(1 << 22), b""):
+                h.update(piece)
+    except FileNotFoundError:
+        return None
+    return h.hexdigest()
+
+
+#: Temporary files a killed run can leave: the ledger's own, and zarr's (``*.partial``).
+_TEMP_RE = re.compile(r"(\..*\.tmp|.*\.[0-9a-f]{32}\.partial)")
+
+
+def remove_temporaries(path) -> int:
+    """Delete the temporary files a killed run left inside output ``path``; how many.
+
+    Call it only while no other run writes this output.
+    """
+    removed = 0
+    for root, _dirs, files in os.walk(path):
+        for name in files:
+            if _TEMP_RE.fullmatch(name):
+                try:
+                    os.unlink(os.path.join(root, name))
+                    removed += 1
+                except FileNotFoundError:
+                    pass
+    return removed
