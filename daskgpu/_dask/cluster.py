@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import operator
 import os
+import threading
 
 import dask.config
 from distributed import Nanny, Scheduler, SpecCluster, Worker
@@ -145,9 +146,10 @@ interface, silence_logs, memory_limit, asynchronous, loop, name, scheduler_kwarg
             devices, simulate=simulate, threads_per_worker=threads_per_worker,
             processes=processes, **worker_kwargs,
         )
-        # Kernels pickled here carry their Python function exactly when the
-        # workers simulate; the Nannies also copy this config into the workers.
-        self._config_guard = dask.config.set({"daskgpu.simulate": self.simulated})
+        _config.check()  # a bad daskgpu.* setting stops the cluster here, named
+        # Kernels pickled here carry their Python function while a simulated
+        # cluster is open; each worker gets its own cluster's setting (specs).
+        self._config_guard = _simulation.enter() if self.simulated else None
         try:
             super().__init__(
                 scheduler=scheduler, workers=dict(self._gpu_specs),
@@ -182,7 +184,39 @@ interface, silence_logs, memory_limit, asynchronous, loop, name, scheduler_kwarg
     def _restore_config(self):
         guard, self._config_guard = getattr(self, "_config_guard", None), None
         if guard is not None:
-            guard.__exit__(None, None, None)
+            _simulation.exit()
+
+
+class _SimulationScope:
+    """``daskgpu.simulate`` on in this process while any simulated cluster is open.
+
+    One count for the process: closing one of two simulated clusters leaves the
+    other simulating (a ``dask.config.set`` per cluster, undone at its close,
+    would turn simulation off under the other). The setting before the first
+    one opened comes back when the last one closes.
+    """
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._open = 0
+        self._guards = []
+
+    def enter(self):
+        with self._lock:
+            self._open += 1
+            if not _config.simulating():
+                self._guards.append(dask.config.set({"daskgpu.simulate": True}))
+            return self
+
+    def exit(self):
+        with self._lock:
+            self._open -= 1
+            if self._open == 0:
+                while self._guards:
+                    self._guards.pop().__exit__(None, None, None)
+
+
+_simulation = _SimulationScope()
 
 
 #: dask-cuda's ``LocalCUDACluster`` options: what daskgpu offers instead.
@@ -446,6 +480,10 @@ def worker_specs(devices, *, simulate, threads_per_worker=1, processes=True,
             if not simulate:  # simulated devices are not real GPUs: pin none
                 env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, devices[i:] + devices[:i]))
             opts["env"] = env
+            # A Nanny hands its worker this process's whole config, which another
+            # cluster may have set to simulate: this cluster's setting wins.
+            opts["config"] = {**(options.get("config") or {}),
+                              "daskgpu.simulate": bool(simulate)}
         else:
             cls = Worker
         specs[i] = {"cls": cls, "options": opts}

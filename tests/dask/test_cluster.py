@@ -233,7 +233,15 @@ def test_config_restored_after_close():
     with dask.config.set({"daskgpu.simulate": False}):
         with dg.LocalGPUCluster(simulate=True, processes=False, dashboard_address=":0") as c:
             assert c.simulated and _config.simulating() is True
-        assert _config.simulating() is False
+        # The module's simulated cluster is still open: simulation stays on for it
+        # (tests/dask/test_cluster_simulate.py checks the setting coming back).
+        assert _config.simulating() is True
+
+
+def test_each_nanny_gets_its_own_clusters_simulate_setting():
+    for simulate in (True, False):
+        [spec] = worker_specs((0,), simulate=simulate).values()
+        assert spec["options"]["config"] == {"daskgpu.simulate": simulate}
 
 
 def test_tls(client):
@@ -264,7 +272,9 @@ def test_real_cluster_pins_one_worker_per_gpu():
     with dg.LocalGPUCluster(simulate=False, dashboard_address=":0") as cluster, \
             Client(cluster) as client:
         assert cluster.devices == devices and cluster.simulated is False
-        assert _config.simulating() is False
+        # The module's simulated cluster keeps daskgpu.simulate on here; the
+        # workers of this one have it off.
+        assert set(client.run(lambda: dask.config.get("daskgpu.simulate")).values()) == {False}
         names = {addr: w["name"] for addr, w in client.scheduler_info()["workers"].items()}
         info = client.run(dg.device_info)
         assert len(info) == len(devices)

@@ -1,0 +1,55 @@
+"""``daskgpu.simulate`` is not global state that one cluster flips for another.
+
+A module of its own: no other cluster is open while these tests run.
+"""
+
+import dask
+import numpy as np
+from distributed import Client
+from numba import cuda
+
+import daskgpu as dg
+from daskgpu import _config
+
+_config.register()  # before dask.config.set, so the defaults outlive its blocks
+
+
+@dg.jit("void(float32[::1])")
+def iota(out):
+    i = cuda.grid(1)
+    if i < out.size:
+        out[i] = i
+
+
+def _works(cluster):
+    with Client(cluster, set_as_default=False) as client:
+        x = np.zeros(8, np.float32)
+        return bool((client.submit(iota.forall(8), x).result() == np.arange(8)).all())
+
+
+def _simulated():
+    return dg.LocalGPUCluster(simulate=True, processes=False, dashboard_address=":0")
+
+
+def test_two_simulated_clusters_each_keep_working_when_the_other_closes():
+    with dask.config.set({"daskgpu.simulate": False}):
+        first = _simulated()
+        with _simulated() as second:
+            assert _works(first) and _works(second)
+            first.close()
+            assert _config.simulating() is True  # the second is still open
+            assert _works(second)
+        assert _config.simulating() is False
+        with _simulated() as third:
+            fourth = _simulated()
+            third.close()  # closed before the one opened after it
+            assert _works(fourth)
+            fourth.close()
+        assert _config.simulating() is False
+
+
+def test_the_setting_comes_back_when_the_last_simulated_cluster_closes():
+    with dask.config.set({"daskgpu.simulate": False}):
+        with _simulated() as c:
+            assert c.simulated and _config.simulating() is True
+        assert _config.simulating() is False
