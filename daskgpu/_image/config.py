@@ -27,6 +27,15 @@ def _dims(value, what: str) -> tuple:
     return dims + (1,) * (3 - len(dims))
 
 
+def _whole(value, what: str, fix: str) -> int:
+    """``value`` as an int; a float (``8.0``) or other non-integer is a LaunchConfigError."""
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise LaunchConfigError(f"{what} must be a whole number (an int), got {value!r}; "
+                                f"{fix}") from None
+
+
 class LaunchConfig:
     """How to launch: ``griddim``/``blockdim``, or forall-style ``ntasks``/``tpb``.
 
@@ -64,13 +73,15 @@ class LaunchConfig:
             if isinstance(ntasks, list):
                 ntasks = tuple(ntasks)
             counts = ntasks if isinstance(ntasks, tuple) else (ntasks,)
-            if not 1 <= len(counts) <= 3 or any(operator.index(n) < 0 for n in counts):
+            if not 1 <= len(counts) <= 3 or any(
+                    _whole(n, "forall ntasks", "write forall(8), not forall(8.0)") < 0
+                    for n in counts):
                 raise LaunchConfigError(
                     f"forall ntasks must be 1 to 3 non-negative integers, got {ntasks!r}"
                 )
-            if operator.index(tpb) < 0:
+            if _whole(tpb, "tpb", "write e.g. tpb=128, or 0 for automatic") < 0:
                 raise LaunchConfigError(f"tpb must be 0 (automatic) or positive, got {tpb!r}")
-        if operator.index(sharedmem) < 0:
+        if _whole(sharedmem, "sharedmem", "give dynamic shared memory in bytes") < 0:
             raise LaunchConfigError(f"sharedmem must be non-negative, got {sharedmem!r}")
         self.griddim, self.blockdim = griddim, blockdim
         self.stream, self.sharedmem = stream, int(sharedmem)

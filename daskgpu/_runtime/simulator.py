@@ -4,16 +4,24 @@ Opt-in through ``dask.config`` key ``daskgpu.simulate``. Numba reads
 ``NUMBA_ENABLE_CUDASIM`` only when ``numba.cuda`` is first imported, which in a
 Dask worker has already happened, so this module drives the simulator's
 ``FakeCUDAKernel`` directly on the kernel's Python function instead.
+
+A simulated launch is held to the limits of a real device of the target
+compute capability (:func:`device_limits`): threads per block and per axis,
+blocks per grid axis, and shared memory per block, static and dynamic. What a
+GPU refuses, the simulator refuses too, with the same
+:class:`~daskgpu.LaunchConfigError`, so tests without a GPU catch it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import types as pytypes
 
 import cloudpickle
 import numpy as np
 
+from daskgpu._errors import LaunchConfigError
 from daskgpu._image.argspec import Zeroed
 
 # The simulator keeps its kernel context in a module global and supports one
@@ -24,13 +32,65 @@ _launch_lock = threading.Lock()
 _FORALL_BLOCK = 64
 
 
+# Shared memory per block that a kernel may use (the driver's opt-in maximum,
+# as the launcher checks it on a device), by compute capability; a cc not
+# listed takes the entry of the nearest one below.
+_SHARED_PER_BLOCK = {
+    (5, 0): 49152, (6, 0): 49152, (7, 0): 98304, (7, 2): 98304, (7, 5): 65536,
+    (8, 0): 166912, (8, 6): 101376, (8, 7): 166912, (8, 9): 101376, (9, 0): 232448,
+    (10, 0): 232448, (10, 3): 232448, (11, 0): 232448, (12, 0): 101376, (12, 1): 101376,
+}
+
+
+def device_limits(cc):
+    """The launch limits of a real device of compute capability ``cc``, e.g. ``(7, 5)``.
+
+    Examples
+    --------
+    >>> device_limits((9, 0)).max_shared_memory_per_block
+    232448
+    """
+    from daskgpu._runtime.device import DeviceLimits
+
+    cc = tuple(cc)
+    shared = _SHARED_PER_BLOCK[max((k for k in _SHARED_PER_BLOCK if k <= cc),
+                                   default=(5, 0))]
+    return DeviceLimits(max_threads_per_block=1024, max_block_dim=(1024, 1024, 64),
+                        max_grid_dim=(2**31 - 1, 65535, 65535),
+                        max_shared_memory_per_block=shared)
+
+
+def _check(limits, grid, block, sharedmem, cc, name):
+    grid = tuple(grid) + (1,) * (3 - len(grid))
+    block = tuple(block) + (1,) * (3 - len(block))
+    try:
+        limits.check(grid, block, sharedmem, limits.max_threads_per_block, name)
+    except LaunchConfigError as exc:
+        raise LaunchConfigError(
+            f"{exc} (simulated: the simulator holds launches to the limits of a compute "
+            f"capability {cc[0]}.{cc[1]} GPU, which refuses this one)") from None
+
+
+def _target_cc(image=None):
+    if image is not None and getattr(image, "ptx", None):
+        return tuple(min(cc for cc, _ in image.ptx))
+    from daskgpu import _config
+
+    major, minor = _config.get("target-cc").split(".")
+    return int(major), int(minor)
+
+
 def run(image, config, args):
     """Simulate ``image``'s shipped Python function; arrays are updated in place."""
-    run_function(cloudpickle.loads(image.py_func), config, args)
+    run_function(cloudpickle.loads(image.py_func), config, args, cc=_target_cc(image))
 
 
-def run_function(py_func, config, args):
-    """Simulate ``py_func`` as a kernel launched with ``config`` on ``args``."""
+def run_function(py_func, config, args, cc=None):
+    """Simulate ``py_func`` as a kernel launched with ``config`` on ``args``.
+
+    The launch is held to the limits of a device of compute capability ``cc``
+    (default: the ``daskgpu.target-cc`` setting).
+    """
     from numba.cuda.simulator.kernel import FakeCUDAKernel
 
     args = [_fresh(a) if type(a) is Zeroed else a for a in args]
@@ -49,6 +109,12 @@ def run_function(py_func, config, args):
         grid = tuple(max(1, -(-n // b)) for n, b in zip(ntasks, block))
     else:
         grid, block = config.griddim, config.blockdim
+    cc = tuple(cc) if cc is not None else _target_cc()
+    limits = device_limits(cc)
+    name = getattr(py_func, "__name__", "kernel")
+    if config.ntasks is not None and config.tpb:
+        _check(limits, (1,), (config.tpb,), config.sharedmem, cc, name)
+    _check(limits, grid, block, config.sharedmem, cc, name)
     # The simulator, like Numba, copies only contiguous host arrays; the GPU
     # launcher stages strided ones through contiguous copies, and so does this.
     staged = [
@@ -57,11 +123,58 @@ def run_function(py_func, config, args):
         for a in args
     ]
     kernel = FakeCUDAKernel(_simulable(py_func, {}), device=False)
-    with _launch_lock:
+    with _launch_lock, _shared_limit(limits, cc, config.sharedmem, name):
         kernel[grid, block, 0, config.sharedmem](*(copy for _, copy in staged))
     for a, copy in staged:
         if copy is not a and a.flags.writeable:
             a[...] = copy
+
+
+@contextlib.contextmanager
+def _shared_limit(limits, cc, dynamic, name):
+    """Count ``cuda.shared.array`` allocations against the per-block limit, during a launch.
+
+    The simulator allocates static shared arrays as its threads reach them;
+    this checks each one's size first, so a 1 GB shared array fails as on a
+    GPU (where it would not link) instead of allocating host memory.
+    """
+    import sys
+    import traceback
+
+    from numba.cuda.simulator.kernelapi import FakeCUDAShared
+    from numba.np import numpy_support
+    from numba import types
+
+    original = FakeCUDAShared.array
+
+    def array(self, shape, dtype, alignment=None):
+        if alignment is not None:
+            raise RuntimeError("Array alignment is not supported in cudasim")
+        if isinstance(dtype, types.Type):
+            dtype = numpy_support.as_dtype(dtype)
+        if shape == 0:  # the dynamic shared array, counted at launch
+            return original(self, shape, dtype)
+        # As the simulator does: one allocation per source line of the kernel.
+        caller = traceback.extract_stack(sys._getframe())[-2][0:2]
+        res = self._allocations.get(caller)
+        if res is None:
+            count = np.prod(shape if isinstance(shape, tuple) else (shape,), dtype=np.int64)
+            static = sum(a.nbytes for a in self._allocations.values())
+            total = dynamic + static + int(count) * np.dtype(dtype).itemsize
+            if total > limits.max_shared_memory_per_block:
+                raise LaunchConfigError(
+                    f"kernel {name!r} asks for {total} bytes of shared memory per block "
+                    f"(static and dynamic), but a compute capability {cc[0]}.{cc[1]} GPU "
+                    f"allows {limits.max_shared_memory_per_block}; use smaller shared arrays")
+            res = np.empty(shape, dtype)
+            self._allocations[caller] = res
+        return res
+
+    FakeCUDAShared.array = array
+    try:
+        yield
+    finally:
+        FakeCUDAShared.array = original
 
 
 def _fresh(arg: Zeroed):
