@@ -50,10 +50,15 @@ def _bool(value):
 
 
 def _cc(value):
-    text = str(value).strip()
-    if not re.fullmatch(r"\d{1,2}\.\d", text):
-        raise ValueError('it must be a compute capability "major.minor", e.g. "7.5"')
-    return text
+    # The spellings the compiler's parse_cc reads: "8.0", 80, (8, 0), "sm_80".
+    if isinstance(value, tuple | list) and len(value) == 2:
+        value = f"{value[0]}.{value[1]}"
+    text = str(value).strip().lower().removeprefix("sm_").removeprefix("compute_")
+    m = re.fullmatch(r"(\d{1,2})\.(\d)", text) or re.fullmatch(r"(\d{1,2})(\d)", text)
+    if m is None:
+        raise ValueError('it must be a compute capability "major.minor", e.g. "7.5" '
+                         '(or "sm_75")')
+    return f"{int(m.group(1))}.{int(m.group(2))}"
 
 
 def _optional_path(value):

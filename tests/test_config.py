@@ -22,7 +22,7 @@ _config.register()  # before dask.config.set, so the defaults outlive its blocks
     ("pinned-pool-bytes", "lots", "such as \"8GiB\""),
     ("copy-threads", 2.5, "whole number"),
     ("simulate", "maybe", "true or false"),
-    ("target-cc", "sm_90", "major.minor"),
+    ("target-cc", "ampere", "major.minor"),
     ("cache-dir", 5, "directory path"),
 ])
 def test_a_bad_value_names_the_setting_the_value_and_the_fix(key, value, message):
