@@ -197,7 +197,9 @@ def compile_image(py_func, argtypes, options: CompileOptions) -> KernelImage:
     extra_options = tuple(
         (key, value) for key, value, default in (
             ("cooperative", cooperative, False),
-            ("lto", options.lto or any(x.kind == "ltoir" for x in links), False),
+            # numba-cuda turns lto on by default; nvJitLink's LTO needs LTO-IR
+            # inputs, and the kernel itself travels as PTX.
+            ("lto", any(x.kind == "ltoir" for x in links), False),
             ("shared_memory_carveout", options.shared_memory_carveout, None),
         ) if value != default
     )

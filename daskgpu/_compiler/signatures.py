@@ -7,7 +7,7 @@ from numba.cuda import types
 from numba.cuda.core import sigutils
 
 from daskgpu._errors import CompileError
-from daskgpu._image.argspec import ArgSpec, array_info, dtype_code, layout_of
+from daskgpu._image.argspec import ArgSpec, array_info, dtype_code, layout_of, tuple_code
 
 
 def normalize(sig) -> tuple:
@@ -32,6 +32,9 @@ def to_argspec(typ, position: int, fname: str) -> ArgSpec:
     if isinstance(typ, types.Array):
         dtype = _dtype_name(typ.dtype, position, fname)
         return ArgSpec("array", dtype, typ.ndim, typ.layout)
+    if isinstance(typ, types.BaseTuple):
+        members = [to_argspec(t, position, fname) for t in typ.types]
+        return ArgSpec("tuple", tuple_code(members))
     if isinstance(typ, types.Record):
         return ArgSpec("record", _dtype_name(typ, position, fname))
     if isinstance(typ, (types.Number, types.Boolean, types.NPDatetime, types.NPTimedelta)):
@@ -78,6 +81,12 @@ def typeof_args(args) -> tuple:
 
 
 def _scalar_type(a):
+    if isinstance(a, tuple):
+        members = typeof_args(a)
+        if hasattr(type(a), "_fields"):  # a namedtuple, typed as numba types it
+            return types.NamedTuple(members, type(a)) if len(set(members)) != 1 or not members \
+                else types.NamedUniTuple(members[0], len(members), type(a))
+        return types.BaseTuple.from_types(members)
     if isinstance(a, (bool, np.bool_)):
         return types.boolean
     if isinstance(a, np.generic):

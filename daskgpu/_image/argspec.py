@@ -23,7 +23,11 @@ SCALAR_DTYPES = frozenset(
 
 #: Parameter kinds: arrays (host or device), numbers by value, and records by
 #: value (passed as a pointer to a device copy, as Numba does).
-KINDS = ("array", "scalar", "record")
+KINDS = ("array", "scalar", "record", "tuple")
+
+#: How a tuple's members are spelled in an :class:`ArgSpec`: this prefix, then the
+#: JSON list of the members' ``[kind, dtype, ndim, layout]``.
+TUPLE_PREFIX = "tuple"
 
 #: How a record dtype is spelled in an :class:`ArgSpec`: this prefix, then JSON.
 RECORD_PREFIX = "record"
@@ -55,6 +59,9 @@ class ArgSpec:
     def __post_init__(self):
         if self.kind not in KINDS:
             raise ValueError(f"ArgSpec kind must be one of {KINDS}, got {self.kind!r}")
+        if self.kind == "tuple":
+            tuple_members(self.dtype)  # raises for what is not a tuple of specs
+            return
         dtype = dtype_of(self.dtype)  # raises for what daskgpu cannot marshal
         if (self.kind == "record") != (dtype.names is not None) and self.kind != "array":
             raise ValueError(
@@ -72,7 +79,14 @@ class ArgSpec:
     def np_dtype(self) -> np.dtype:
         return dtype_of(self.dtype)
 
+    @property
+    def members(self) -> tuple:
+        """A tuple's member specs, in order (numba flattens them in this order)."""
+        return tuple_members(self.dtype) if self.kind == "tuple" else ()
+
     def __str__(self) -> str:
+        if self.kind == "tuple":
+            return "Tuple(" + ", ".join(str(m) for m in self.members) + ")"
         name = _NUMBA_DTYPE_NAMES.get(self.dtype) or _readable(self.np_dtype)
         if not self.is_array:
             return name
@@ -99,10 +113,38 @@ class ArgSpec:
             )
         if self.kind == "record":
             return info is None and isinstance(value, np.void) and value.dtype == dtype_of(self.dtype)
+        if self.kind == "tuple":
+            members = tuple_members(self.dtype)
+            return info is None and isinstance(value, tuple) and len(value) == len(members) and all(
+                m.matches(array_info(v), v) for m, v in zip(members, value))
         return info is None and _scalar_fits(value, dtype_of(self.dtype))
 
 
 _DTYPES = {name: np.dtype(name) for name in SCALAR_DTYPES}
+
+
+_MEMBERS: dict = {}
+
+
+def tuple_code(members) -> str:
+    """The :class:`ArgSpec` dtype of a tuple of ``members`` (ArgSpecs)."""
+    return TUPLE_PREFIX + json.dumps(
+        [[m.kind, m.dtype, m.ndim, m.layout] for m in members], separators=(",", ":"))
+
+
+def tuple_members(code: str) -> tuple:
+    """The member ArgSpecs that :func:`tuple_code` spelled as ``code``."""
+    members = _MEMBERS.get(code)
+    if members is None:
+        try:
+            if not code.startswith(TUPLE_PREFIX):
+                raise ValueError("no tuple prefix")
+            members = tuple(ArgSpec(*m) for m in json.loads(code[len(TUPLE_PREFIX):]))
+        except (ValueError, TypeError) as exc:
+            raise ValueError(f"cannot read tuple members {code!r:.80} ({exc})") from None
+        if len(_MEMBERS) < 4096:
+            _MEMBERS[code] = members
+    return members
 
 
 def dtype_fits(have: np.dtype, want: np.dtype) -> bool:
@@ -352,6 +394,16 @@ def mismatch(spec: ArgSpec, value) -> str | None:
         fix = "np.ascontiguousarray(a)" if spec.layout == "C" else "np.asfortranarray(a)"
         return (f"expects a {spec.layout}-contiguous array, got a "
                 f"{layout_of(shape, strides, dtype.itemsize)}-layout one; pass {fix}")
+    if spec.kind == "tuple":
+        if info is not None or not isinstance(value, tuple):
+            return f"expects a tuple {spec}, got {describe(value)}"
+        if len(value) != len(spec.members):
+            return f"expects a tuple of {len(spec.members)}, got one of {len(value)}"
+        for j, (m, v) in enumerate(zip(spec.members, value)):
+            why = mismatch(m, v)
+            if why:
+                return f"member {j} {why}"
+        return None
     if info is not None:
         return f"expects a scalar {_readable(spec.np_dtype)}, got an array"
     dtype = spec.np_dtype
@@ -408,6 +460,8 @@ def describe(value) -> str:
         return spelled + f" ({where})"
     if isinstance(value, np.generic):
         return _readable(value.dtype)
+    if isinstance(value, tuple):
+        return "(" + ", ".join(describe(v) for v in value) + ("," if len(value) == 1 else "") + ")"
     return type(value).__name__
 
 

@@ -73,7 +73,7 @@ class KernelImage:
         if not self.ptx:
             raise ValueError(f"KernelImage {self.name!r} has no PTX")
         for i in self.writes:
-            if self.args[i].kind not in ("array", "record"):
+            if self.args[i].kind not in ("array", "record", "tuple"):
                 raise ValueError(
                     f"write set index {i} of {self.name!r} is not an array or a record"
                 )

@@ -12,7 +12,7 @@ from cuda.core import ObjectCode
 
 from daskgpu import _config
 from daskgpu._errors import DeviceError, LaunchConfigError
-from daskgpu._image.argspec import _READERS, Zeroed, _has_layout
+from daskgpu._image.argspec import _READERS, Zeroed, _has_layout, array_info
 from daskgpu._runtime import device as _device
 from daskgpu._runtime._cuda import (
     _SUCCESS,
@@ -438,6 +438,9 @@ def run(image, config, args, infos):
                 if spec.kind == "record":  # by value: a pointer to a device copy
                     staging = staging or _HostStaging(stream)
                     flatten(spec, staging.stage_record(args[i], i in writes), values)
+                elif spec.kind == "tuple":
+                    staging = staging or _HostStaging(stream)
+                    _flatten_tuple(spec, args[i], staging, i in writes, values)
                 else:
                     flatten(spec, args[i], values)
             elif info[3] is None:
@@ -475,6 +478,24 @@ def run(image, config, args, infos):
     finally:
         if staging is not None:
             staging.free()
+
+
+def _flatten_tuple(spec, value, staging, written, values):
+    """A tuple's members as numba flattens them; host arrays in it are staged."""
+    for member, item in zip(spec.members, value):
+        if member.kind == "tuple":
+            _flatten_tuple(member, item, staging, written, values)
+        elif member.kind == "record":
+            flatten(member, staging.stage_record(item, written), values)
+        elif member.is_array:
+            info = array_info(item)
+            if info[3] is None:
+                flatten(member, staging.stage(item, written), values)
+            else:
+                dtype, shape, strides, ptr = info
+                values += (0, 0, _nitems(shape), dtype.itemsize, ptr, *shape, *strides)
+        else:
+            flatten(member, item, values)
 
 
 class DeviceLaunch:
@@ -548,7 +569,7 @@ def device_launch(image, config, infos) -> DeviceLaunch | None:
     """
     if config.stream or any(info is not None and info[3] is None for info in infos):
         return None
-    if any(spec.kind == "record" for spec in image.args):  # each needs a device copy
+    if any(spec.kind in ("record", "tuple") for spec in image.args):  # staged per launch
         return None
     if config.ntasks is not None and 0 in (
             config.ntasks if isinstance(config.ntasks, tuple) else (config.ntasks,)):

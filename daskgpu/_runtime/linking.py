@@ -50,7 +50,9 @@ def link_cubin(image, cc: tuple) -> bytes:
     if image.option("cooperative"):
         # Grid synchronisation lives in the CUDA toolkit's device runtime.
         inputs.append(ObjectCode.from_library(cudadevrt(), name="cudadevrt"))
-    lto = bool(image.option("lto")) or any(x.kind == "ltoir" for x in image.links)
+    # Link-time optimisation needs LTO-IR among the inputs (nvJitLink fails
+    # on PTX alone with it on).
+    lto = any(x.kind == "ltoir" for x in image.links)
     options = LinkerOptions(
         name=image.name,
         arch=f"sm_{cc[0]}{cc[1]}",

@@ -33,6 +33,8 @@ def param_codes(spec) -> str:
         return "q" * (5 + 2 * spec.ndim)
     if spec.kind == "record":
         return "Q"
+    if spec.kind == "tuple":  # numba flattens a tuple into its members' parameters
+        return "".join(param_codes(m) for m in spec.members)
     code = _SCALAR_CODES.get(spec.dtype)
     if code is None and spec.dtype.startswith(("datetime64", "timedelta64")):
         return "q"

@@ -142,3 +142,59 @@ def test_cuda_in_out_inout_match_the_array_they_wrap():
     for hint in (cuda.In, cuda.Out, cuda.InOut):
         assert k.images[0].args[0].accepts(hint(a))
     assert not k.images[0].args[0].accepts(cuda.In(np.zeros(4)))
+
+
+# -- tuples and namedtuples ---------------------------------------------------------------
+
+Point = __import__("collections").namedtuple("Point", "x y z")
+
+
+def sum_tuple(r, t):
+    a, s, (u, v) = t
+    r[0] = a[0] + s + u + v
+    a[1] = 5
+
+
+def test_tuples_flatten_as_numba_flattens_them():
+    from numba.cuda import types
+    from numba.cuda.descriptor import cuda_target
+
+    from daskgpu._compiler.signatures import to_argspec
+
+    ctx = cuda_target.target_context
+    for t in [types.Tuple(()), types.UniTuple(types.int64, 3),
+              types.Tuple((types.float32[::1], types.int8, types.UniTuple(types.int16, 2))),
+              types.NamedTuple((types.int64, types.int64, types.float64), Point)]:
+        packer = ctx.get_arg_packer([t])
+        spec = to_argspec(t, 0, "f")
+        assert [struct_size(c) for c in param_codes(spec)] == [
+            ctx.get_abi_sizeof(x) for x in packer.argument_types]
+
+
+def struct_size(code):
+    import struct
+
+    return struct.calcsize("=" + code)
+
+
+def test_nested_tuples_with_arrays_run_simulated_and_write_back(simulate):
+    k = dg.jit(sum_tuple)
+    a, r = np.arange(3.0), np.zeros(1)
+    k[1, 1](r, (a, 2, (3, 4)))
+    assert r[0] == 9 and a[1] == 5
+    (image,) = k.images
+    assert image.writes == (0, 1) and str(image.args[1]) == "Tuple(float64[::1], int64, Tuple(int64, int64))"
+    shipped = pickle.loads(pickle.dumps(image))
+    assert shipped.args == image.args
+
+
+def test_namedtuples_and_empty_tuples_compile(simulate):
+    def f(r, p, e):
+        r[0] = p.x + p.y + p.z + len(e)
+
+    k = dg.jit(f)
+    r = np.zeros(1)
+    k[1, 1](r, Point(1, 2, 0.5), ())
+    assert r[0] == 3.5
+    with pytest.raises(TypeError, match="member 2"):
+        k.ptx_kernel()._select([r, (1, 2, "x"), ()])

@@ -160,10 +160,11 @@ class RoutedKernel:
             if self._dg is None:
                 self.__dict__["_dg"] = dg.kernel(d, signatures=[])
             k = self._dg
-            before = len(k.images)
-            k.compile(argtypes)
-            if len(k.images) != before:
+            seen = self.__dict__.setdefault("_seen", set())
+            if argtypes not in seen:  # recorded before compiling: failures are kept too
+                seen.add(argtypes)
                 _record(d.py_func, argtypes, d.targetoptions)
+            k.compile(argtypes)
             if self._shipped_n != len(k.images):
                 # What a worker receives: the images as plain data, unpickled.
                 blob = pickle.dumps(k)
