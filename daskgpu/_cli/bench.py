@@ -693,6 +693,115 @@ def bench_scaling(size_bytes: int = 512 << 20, chunk_bytes: int = 16 << 20,
     return rows
 
 
+_NUMBA_STATES = """
+import json, sys, time
+import numpy as np
+from numba import cuda
+from numba.cuda.random import create_xoroshiro128p_states, init_xoroshiro128p_states_cpu, xoroshiro128p_dtype
+n, seed, start = map(int, sys.argv[1:4])
+init_xoroshiro128p_states_cpu(np.empty(2, xoroshiro128p_dtype), 1, 1)  # compiled before timing
+cuda.current_context()
+t0 = time.perf_counter()
+states = create_xoroshiro128p_states(n, seed, subsequence_start=start)
+cuda.synchronize()
+seconds = time.perf_counter() - t0
+ends = states.copy_to_host()[[0, -1]]
+print(json.dumps({"seconds": seconds, "ends": [[int(e["s0"]), int(e["s1"])] for e in ends]}))
+"""
+
+
+def _numba_hist_chunk(x):
+    # By hand: a Numba kernel per chunk (its arrays copied in and back by Numba).
+    from daskgpu._cli import bench_kernels as k
+
+    counts = np.zeros(256, np.int64)
+    k.numba_hist256[(x.size + 255) // 256, 256](counts, x, np.float32(0), np.float32(1))
+    return counts[None, :]
+
+
+def states_build_seconds(n: int, seed: int, start: int, builder, repeat: int = 5):
+    """On a worker: seconds to build ``n`` random states from ``start`` on its GPU, and the ends."""
+    from cuda.bindings import driver
+
+    from daskgpu._runtime import device
+    from daskgpu._runtime._cuda import check
+    from daskgpu._runtime.random_states import build
+
+    device.current()
+    build(seed, start, (n,), (1,), builder)  # warm: links the states kernel
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        states = build(seed, start, (n,), (1,), builder)
+        check(driver.cuCtxSynchronize(), "cuCtxSynchronize")
+        times.append(time.perf_counter() - t0)
+    ends = states.copy_to_host()[[0, -1]]
+    return times, [[int(e["s0"]), int(e["s1"])] for e in ends]
+
+
+def bench_reductions(size_bytes: int = 4 << 30, chunk_bytes: int = 64 << 20,
+                     states: int = 1 << 24, states_start: int = 1 << 30) -> list:
+    """A 256-bin histogram and random-state construction, against what users write by hand.
+
+    The histogram of ``size_bytes`` of float32 host chunks: ``map_kernel`` with a
+    per-chunk output summed across chunks, against ``da.histogram`` on the
+    workers' CPUs and against ``map_blocks`` + a Numba kernel + a hand-written
+    sum. Random states: ``states`` of them from global index ``states_start``,
+    built on a worker's GPU, against Numba's ``create_xoroshiro128p_states(states,
+    seed, subsequence_start=states_start)``, which jumps ``states_start`` times
+    on the host; it runs in a process of its own meanwhile.
+    """
+    import dask.array as da
+
+    import daskgpu as dg
+    from daskgpu._cli import bench_kernels as k
+    from daskgpu._compiler.random_states import builder
+    from daskgpu._image.random_states import host_states
+
+    seed = 2024
+    numba_states = subprocess.Popen(
+        [sys.executable, "-c", _NUMBA_STATES, str(states), str(seed), str(states_start)],
+        stdout=subprocess.PIPE, text=True)
+    client = _Cluster.get()
+    x = _wait_persisted(da.random.default_rng(0).random(size_bytes // 4, dtype=np.float32,
+                                                        chunks=chunk_bytes // 4))
+    low, high = np.float32(0), np.float32(1)
+
+    def ours():
+        return dg.map_kernel(k.hist256, dg.Out(np.int64, per_chunk=256, combine="sum"), x,
+                             low, high, name=_unique("hist")).compute()
+
+    def cpu():
+        return da.histogram(x, bins=256, range=(0, 1))[0].compute()
+
+    def by_hand():
+        per_chunk = da.map_blocks(_numba_hist_chunk, x, dtype=np.int64, new_axis=1,
+                                  chunks=((1,) * x.npartitions, (256,)), name=_unique("numba"))
+        return per_chunk.sum(axis=0).compute()
+
+    results = [ours(), cpu(), by_hand()]  # warm, and all three must agree
+    for r in results[1:]:
+        np.testing.assert_array_equal(results[0], r)
+    assert results[0].sum() == x.size
+    ours_t, cpu_t, hand_t = _timed(ours), _timed(cpu), _timed(by_hand)
+    del x
+
+    built_t, ends = client.submit(states_build_seconds, states, seed, states_start, builder(),
+                                  pure=False).result()
+    want = host_states(seed, np.array([states_start, states_start + states - 1], np.uint64))
+    assert ends == [[int(w["s0"]), int(w["s1"])] for w in want], "states differ from Numba's"
+    numba = json.loads(numba_states.communicate()[0])
+    assert numba["ends"] == ends, "Numba's states differ from daskgpu's"
+    what = f"256-bin histogram, {size_bytes >> 20} MiB float32 host, {chunk_bytes >> 20} MiB chunks"
+    where = f"{states >> 20}M random states at offset 2**{states_start.bit_length() - 1}"
+    return [
+        _ratio(what, ours_t, cpu_t, "s", "da.histogram on the workers' CPUs"),
+        _ratio(what, ours_t, hand_t, "s", "da.map_blocks + Numba kernel + a sum by hand"),
+        _ratio(f"{where}, on the worker's GPU", built_t, [numba["seconds"]], "s",
+               "numba create_xoroshiro128p_states(n, seed, subsequence_start)"),
+    ]
+
+
 SECTIONS = {
     "cold": bench_cold,
     "first-task": bench_first_task,
@@ -704,6 +813,7 @@ SECTIONS = {
     "chain": bench_chain,
     "compute": bench_compute,
     "scaling": bench_scaling,
+    "reductions": bench_reductions,
 }
 
 

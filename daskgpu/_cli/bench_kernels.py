@@ -3,7 +3,7 @@ processes can rebuild the Numba baselines by reference."""
 
 import math
 
-from numba import cuda
+from numba import cuda, int32, int64
 
 import daskgpu as dg
 
@@ -32,15 +32,36 @@ def _compute(out, x, iters):
         out[i] = v
 
 
+def _hist256(counts, x, low, high):
+    # A 256-bin histogram, privatised per block in shared memory as users write it.
+    local = cuda.shared.array(256, int32)
+    t = cuda.threadIdx.x
+    for b in range(t, 256, cuda.blockDim.x):
+        local[b] = 0
+    cuda.syncthreads()
+    i = cuda.grid(1)
+    if i < x.size:
+        b = int((x[i] - low) / (high - low) * 256)
+        if 0 <= b < 256:
+            cuda.atomic.add(local, b, 1)
+    cuda.syncthreads()
+    for b in range(t, 256, cuda.blockDim.x):
+        if local[b]:
+            cuda.atomic.add(counts, b, int64(local[b]))
+
+
 SAXPY_SIG = "void(float32[::1], float32, float32[::1], float32[::1])"
+HIST_SIG = "void(int64[::1], float32[::1], float32, float32)"
 COMPUTE_SIG = "void(float32[::1], float32[::1], int32)"
 
 # daskgpu kernels
 add = dg.jit(ADD_SIG)(_add)
 saxpy = dg.jit(SAXPY_SIG)(_saxpy)
 compute = dg.jit(COMPUTE_SIG)(_compute)
+hist256 = dg.jit(HIST_SIG)(_hist256)
 
 # The same functions as plain Numba dispatchers: the baselines.
 numba_add = cuda.jit(_add)
 numba_saxpy = cuda.jit(_saxpy)
 numba_compute = cuda.jit(_compute)
+numba_hist256 = cuda.jit(_hist256)
