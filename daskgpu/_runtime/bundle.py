@@ -8,11 +8,18 @@ A bundle is one JSON document (UTF-8), so reading it can never run code::
                  "grid_ndim": 1, "links": [{"name": ..., "kind": ..., "data": "<base64>"}],
                  "options": [["fastmath", false]], "versions": [["numba-cuda", "0.30.4"]],
                  "exceptions": [[1, "ValueError", ["n too big"], ["k", "k.py", 8]]]}],
-     "sha256": "<hex>"}
+     "sha256": "<hex>", "hmac-sha256": "<hex>"}
 
 ``sha256`` is taken over the canonical serialization of everything else (keys
-sorted, no whitespace), so any change to the content is caught on load. The
-Python function is never stored: a bundle is PTX-only even while
+sorted, no whitespace), so corruption is caught on load. It is no seal: whoever
+can change the file can recompute it. With a secret key (the ``key=``
+argument, or the ``daskgpu.bundle-key`` setting), :func:`save` adds
+``hmac-sha256`` over the same bytes and :func:`load` refuses a bundle whose
+HMAC is missing or does not match, so only holders of the key can make a
+bundle that loads. Before anything is parsed, a file is bounded in size
+(:data:`MAX_BYTES`) and nesting depth (:data:`MAX_DEPTH`). Exception classes
+named in a bundle resolve only from an allow-list of ordinary exception types
+(:data:`~daskgpu._runtime.faults.EXCEPTION_CLASSES`). The Python function is never stored: a bundle is PTX-only even while
 ``daskgpu.simulate`` is on. This module imports neither numba nor a GPU
 library, so loading works on a worker that has neither a compiler nor numba.
 """
@@ -22,6 +29,7 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
+import hmac
 import json
 import os
 import re
@@ -35,7 +43,13 @@ from daskgpu._runtime.launch import PTXKernel
 FORMAT = "daskgpu-bundle"
 VERSION = 1
 
+#: The largest bundle file read, and the deepest nesting of JSON arrays and objects
+#: parsed (a bundle nests 5 deep); both checked before the JSON parser runs.
+MAX_BYTES = 256 << 20
+MAX_DEPTH = 16
+
 _TOP_KEYS = {"format", "version", "daskgpu", "images", "sha256"}
+_HMAC = "hmac-sha256"
 _IMAGE_KEYS = {"name", "entry", "ptx", "args", "writes", "grid_ndim", "links",
                "options", "versions", "exceptions"}
 _LINK_KEYS = {"name", "kind", "data"}
@@ -53,6 +67,9 @@ _OPTION_TYPES = {
     "shared_memory_carveout": (int, type(None)),
 }
 _ENTRY_RE = re.compile(r"[A-Za-z_$][A-Za-z0-9_$]*")
+_CLASS_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_.]{0,199}")
+# A JSON string (skipped whole), or one bracket: enough to measure nesting depth.
+_DEPTH_RE = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{}]')
 _HEX64_RE = re.compile(r"[0-9a-f]{64}")
 _PICKLE_PROTOCOLS = tuple(bytes([0x80, p]) for p in range(2, 6))
 
@@ -66,10 +83,11 @@ class BundleInfo:
     producer: str
     sha256: str
     size: int
+    signed: bool = False
 
 
 # -- saving -------------------------------------------------------------------
-def save(kernel, path) -> str:
+def save(kernel, path, *, key=None) -> str:
     """Write a compiled kernel to a bundle file: data only, with an integrity hash.
 
     The bundle holds every compiled signature of the kernel as PTX text and
@@ -83,6 +101,10 @@ def save(kernel, path) -> str:
         least one compiled signature, or a kernel from :func:`load`.
     path : str or os.PathLike
         The file to write (by convention ``*.dgk``); replaced atomically.
+    key : str or bytes, optional
+        A secret to sign the bundle with (HMAC-SHA256), so that :func:`load`
+        with the same key detects tampering. Default: the ``daskgpu.bundle-key``
+        setting; unsigned when neither is set.
 
     Returns
     -------
@@ -121,6 +143,9 @@ def save(kernel, path) -> str:
         _decode_image(encoded, i, path)
     digest = _digest(content)
     document = dict(content, sha256=digest)
+    secret = _key(key)
+    if secret is not None:
+        document[_HMAC] = _hmac(secret, content)
     text = json.dumps(document, sort_keys=True, indent=1, ensure_ascii=False)
     directory = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(directory):
@@ -182,10 +207,32 @@ def _normalize_option(key, value):
     return value
 
 
+def _canonical(content: dict) -> bytes:
+    return json.dumps(content, sort_keys=True, separators=(",", ":"),
+                      ensure_ascii=False, allow_nan=False).encode("utf-8")
+
+
 def _digest(content: dict) -> str:
-    canonical = json.dumps(content, sort_keys=True, separators=(",", ":"),
-                           ensure_ascii=False, allow_nan=False)
-    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
+    return hashlib.sha256(_canonical(content)).hexdigest()
+
+
+def _hmac(secret: bytes, content: dict) -> str:
+    return hmac.new(secret, _canonical(content), hashlib.sha256).hexdigest()
+
+
+def _key(key):
+    """The signing key as bytes: ``key``, else the ``daskgpu.bundle-key`` setting, else None."""
+    if key is None:
+        from daskgpu import _config
+
+        key = _config.get("bundle-key")
+    if key is None:
+        return None
+    if isinstance(key, str):
+        key = key.encode("utf-8")
+    if not isinstance(key, bytes | bytearray) or not key:
+        raise BundleError(f"a bundle key is a non-empty str or bytes, got {type(key).__name__}")
+    return bytes(key)
 
 
 def _daskgpu_version() -> str:
@@ -195,17 +242,22 @@ def _daskgpu_version() -> str:
 
 
 # -- loading ------------------------------------------------------------------
-def load(path) -> PTXKernel:
+def load(path, *, key=None) -> PTXKernel:
     """Read a kernel bundle written by :func:`save`.
 
-    The file is parsed as JSON only (nothing is unpickled or executed), its
-    integrity hash is checked and every field is validated before the kernel
-    is rebuilt. Loading needs neither numba nor a GPU; the returned kernel
+    The file is parsed as JSON only (nothing is unpickled or executed), after
+    its size and nesting depth are checked; its integrity hash is checked, its
+    HMAC too when a key is set, and every field is validated before the kernel
+    is rebuilt. The hash detects corruption; only the key detects tampering. Loading needs neither numba nor a GPU; the returned kernel
     launches like a Numba kernel on any machine with a driver.
 
     Parameters
     ----------
     path : str or os.PathLike
+    key : str or bytes, optional
+        The secret the bundle was signed with; a bundle without a matching
+        HMAC is refused. Default: the ``daskgpu.bundle-key`` setting; with
+        neither set, signatures are not checked.
 
     Returns
     -------
@@ -215,7 +267,8 @@ def load(path) -> PTXKernel:
     ------
     BundleError
         When the file is not a daskgpu bundle, was written by a newer daskgpu,
-        is corrupt or was tampered with, or holds an invalid field.
+        is too large or too deeply nested, is corrupt, fails its HMAC, or
+        holds an invalid field.
 
     Examples
     --------
@@ -234,15 +287,20 @@ def load(path) -> PTXKernel:
     >>> k.images[0].writes
     (0,)
     """
-    return read(path)[0]
+    return read(path, key=key)[0]
 
 
-def read(path) -> tuple:
+def read(path, *, key=None) -> tuple:
     """``(PTXKernel, BundleInfo)`` of a bundle file; what :func:`load` and the CLI use."""
     path = os.fspath(path)
+    secret = _key(key)
     try:
         with open(path, "rb") as f:
-            raw = f.read()
+            size = os.fstat(f.fileno()).st_size
+            if size > MAX_BYTES:
+                raise BundleError(f"{path!r} is {size} bytes, more than a kernel bundle may "
+                                  f"be ({MAX_BYTES}); it is not a daskgpu bundle")
+            raw = f.read(MAX_BYTES + 1)
     except FileNotFoundError:
         raise BundleError(f"no kernel bundle at {path!r}: the file does not exist") from None
     except IsADirectoryError:
@@ -251,22 +309,38 @@ def read(path) -> tuple:
     _check_header(document, path)
     digest = document.get("sha256")
     if not isinstance(digest, str) or not _HEX64_RE.fullmatch(digest):
-        raise BundleError(f"{path!r} has no valid 'sha256' integrity hash; it is corrupt "
-                          "or tampered with. Write it again with dg.save or daskgpu compile.")
-    content = {k: v for k, v in document.items() if k != "sha256"}
+        raise BundleError(f"{path!r} has no valid 'sha256' integrity hash; it is corrupt. "
+                          "Write it again with dg.save or daskgpu compile.")
+    signature = document.get(_HMAC)
+    content = {k: v for k, v in document.items() if k not in ("sha256", _HMAC)}
     if _digest(content) != digest:
         raise BundleError(
-            f"{path!r} is corrupt or tampered with: its content does not match its "
-            "sha256 integrity hash. Write it again with dg.save or daskgpu compile."
+            f"{path!r} is corrupt: its content does not match its sha256 integrity hash. "
+            "Write it again with dg.save or daskgpu compile."
         )
-    _check_keys(document, _TOP_KEYS, "the bundle", path)
+    if secret is not None:
+        if signature is None:
+            raise BundleError(
+                f"{path!r} is not signed, but a bundle key is set (key= or "
+                "daskgpu.bundle-key), so only signed bundles load; sign it with "
+                "dg.save(kernel, path, key=...) or daskgpu compile with the key set")
+        if not (isinstance(signature, str)
+                and hmac.compare_digest(signature, _hmac(secret, content))):
+            raise BundleError(
+                f"{path!r} fails its HMAC: it was changed after it was signed, or signed "
+                "with another key. Load only bundles signed with your key; write it again "
+                "with dg.save(kernel, path, key=...)")
+    _check_keys(document, _TOP_KEYS, "the bundle", path, optional={_HMAC})
+    if signature is not None and not (isinstance(signature, str)
+                                      and _HEX64_RE.fullmatch(signature)):
+        raise BundleError(f"{path!r}: field {_HMAC} must be 64 hex digits")
     producer = _check_type(document["daskgpu"], str, "daskgpu", path)
     images = _check_type(document["images"], list, "images", path)
     if not images:
         raise BundleError(f"{path!r} holds no compiled image")
     kernel = PTXKernel(tuple(_decode_image(im, i, path) for i, im in enumerate(images)))
     info = BundleInfo(path=path, version=document["version"], producer=producer,
-                      sha256=digest, size=len(raw))
+                      sha256=digest, size=len(raw), signed=signature is not None)
     return kernel, info
 
 
@@ -276,6 +350,7 @@ def _parse(raw: bytes, path: str) -> dict:
             f"{path!r} is a pickle, not a daskgpu bundle; daskgpu never unpickles a bundle. "
             "Bundles are JSON files written by dg.save or daskgpu compile."
         )
+    _check_depth(raw, path)
     try:
         document = json.loads(raw.decode("utf-8"), object_pairs_hook=_no_duplicates,
                               parse_constant=_no_constant)
@@ -288,6 +363,20 @@ def _parse(raw: bytes, path: str) -> dict:
         raise BundleError(f"{path!r} is not a daskgpu bundle (a JSON {type(document).__name__}, "
                           "not an object)")
     return document
+
+
+def _check_depth(raw: bytes, path: str) -> None:
+    """Refuse nesting deeper than :data:`MAX_DEPTH`, which the JSON parser would recurse into."""
+    depth = 0
+    for match in _DEPTH_RE.finditer(raw):
+        token = match.group()
+        if token in (b"[", b"{"):
+            depth += 1
+            if depth > MAX_DEPTH:
+                raise BundleError(f"{path!r} nests JSON more than {MAX_DEPTH} levels deep; it "
+                                  "is not a daskgpu bundle (bundles nest 5 deep)")
+        elif token in (b"]", b"}"):
+            depth -= 1
 
 
 def _no_duplicates(pairs):
@@ -321,9 +410,9 @@ def _check_header(document: dict, path: str) -> None:
         )
 
 
-def _check_keys(obj: dict, allowed: set, where: str, path: str) -> None:
+def _check_keys(obj: dict, allowed: set, where: str, path: str, optional=frozenset()) -> None:
     missing = allowed - obj.keys()
-    unknown = obj.keys() - allowed
+    unknown = obj.keys() - allowed - optional
     if unknown:
         raise BundleError(f"{path!r}: {where} has unknown fields {sorted(unknown)}")
     if missing:
@@ -447,6 +536,8 @@ def _decode_image(obj, index: int, path: str) -> KernelImage:
             raise BundleError(f"{path!r}: field {what} must be [code, class, args, location]")
         code = _check_int(item[0], 1, 2**31 - 1, f"{what} code", path)
         cls = _check_type(item[1], str, f"{what} class", path)
+        if not _CLASS_RE.fullmatch(cls):
+            raise BundleError(f"{path!r}: field {what} class {cls!r:.80} is not a class name")
         exc_args = [_check_type(a, (str, int, float, bool), f"{what} args", path)
                     for a in _check_type(item[2], list, f"{what} args", path)]
         loc = item[3]

@@ -43,6 +43,17 @@ def _close(worker):
     )
 
 
+#: The builtin exception classes a kernel's exception table may name. Any other
+#: name (SystemExit, KeyboardInterrupt, a user class) becomes a DeviceError that
+#: carries it: a bundle must not make a worker raise what stops a process.
+EXCEPTION_CLASSES = frozenset({
+    "ArithmeticError", "AssertionError", "AttributeError", "BufferError", "EOFError",
+    "Exception", "FloatingPointError", "IndexError", "KeyError", "LookupError",
+    "NotImplementedError", "OverflowError", "RuntimeError", "SystemError", "TypeError",
+    "UnicodeError", "ValueError", "ZeroDivisionError",
+})
+
+
 def device_exception(image, code: int, tid, ctaid) -> BaseException:
     """The Python exception a ``debug=True`` kernel's thread reported, as Numba raises it.
 
@@ -57,8 +68,8 @@ def device_exception(image, code: int, tid, ctaid) -> BaseException:
             break
     else:
         cls_name, args, loc = "SystemError", (f"unknown error {code} in kernel {image.name!r}",), None
-    cls = getattr(builtins, cls_name, None)
-    if not (isinstance(cls, type) and issubclass(cls, BaseException)):
+    cls = getattr(builtins, cls_name, None) if cls_name in EXCEPTION_CLASSES else None
+    if not (isinstance(cls, type) and issubclass(cls, Exception)):
         cls = DeviceError
         args = (f"{cls_name}: {args[0]}" if args else cls_name,) + tuple(args[1:])
     where = f"In function {loc[0]!r}, file {loc[1]}, line {loc[2]}, " if loc else ""

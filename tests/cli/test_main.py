@@ -422,7 +422,7 @@ def test_inspect_refuses_a_tampered_bundle(saved, capsys):
     path, _, _ = saved
     path.write_text(path.read_text().replace("float32", "float64", 1))
     assert main(["inspect", str(path)]) == 2  # usage: a bundle it cannot use
-    assert "corrupt or tampered" in capsys.readouterr().err
+    assert "is corrupt: its content does not match" in capsys.readouterr().err
 
 
 @pytest.mark.gpu

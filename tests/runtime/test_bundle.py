@@ -138,7 +138,7 @@ def test_changed_content_is_corrupt_or_tampered(bundle):
     doc = json.loads(bundle.read_text())
     doc["images"][0]["ptx"][0][1] = doc["images"][0]["ptx"][0][1].replace("mul", "add", 1)
     bundle.write_text(json.dumps(doc))
-    with pytest.raises(dg.BundleError, match="corrupt or tampered"):
+    with pytest.raises(dg.BundleError, match="is corrupt: its content does not match"):
         dg.load(bundle)
 
 
