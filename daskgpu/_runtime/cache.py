@@ -71,8 +71,28 @@ class DiskCache:
     """Cubins on disk, keyed by image hash, compute capability and tool versions.
 
     The versions of the driver and nvJitLink are part of the key, so an upgrade
-    links afresh rather than loading a cubin an older toolchain made.
+    links afresh rather than loading a cubin an older toolchain made. Each
+    entry is a header (:data:`MAGIC`, the cubin's length and sha256) followed
+    by the cubin; :meth:`load` returns only an entry whose length and hash
+    match, so a torn, truncated or corrupt file (a crash mid-write, a partial
+    copy on a network filesystem, a bad disk) reads as missing: the caller
+    links afresh and :meth:`store` replaces it.
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> disk = DiskCache(tempfile.mkdtemp())
+    >>> disk.store("abc", (9, 0), ("12.8",), b"\\x7fELF...")
+    >>> disk.load("abc", (9, 0), ("12.8",))
+    b'\\x7fELF...'
+    >>> with open(disk.path("abc", (9, 0), ("12.8",)), "r+b") as f:
+    ...     _ = f.seek(-1, 2); _ = f.write(b"!")  # one byte changed
+    >>> disk.load("abc", (9, 0), ("12.8",)) is None
+    True
     """
+
+    #: The first bytes of every entry: format name and version.
+    MAGIC = b"daskgpu-cubin-1\n"
 
     def __init__(self, directory: str):
         self.directory = os.path.abspath(os.path.expanduser(directory))
@@ -82,15 +102,31 @@ class DiskCache:
         return os.path.join(self.directory, f"{key}.cubin")
 
     def load(self, image_hash, cc, versions) -> bytes | None:
-        """The stored cubin, or None when missing or not an ELF file (then relink)."""
+        """The stored cubin, or None when missing or damaged (then relink and store)."""
         try:
             with open(self.path(image_hash, cc, versions), "rb") as f:
                 data = f.read()
         except OSError:
             return None
-        return data if data.startswith(b"\x7fELF") else None
+        if not data.startswith(self.MAGIC):
+            return None
+        header, sep, cubin = data[len(self.MAGIC):].partition(b"\n")
+        try:
+            size, digest = header.decode("ascii").split(" ")
+        except (UnicodeDecodeError, ValueError):
+            return None
+        if (not sep or size != str(len(cubin)) or not cubin.startswith(b"\x7fELF")
+                or hashlib.sha256(cubin).hexdigest() != digest):
+            return None
+        return cubin
 
     def store(self, image_hash, cc, versions, cubin: bytes) -> None:
+        """Write an entry whole: a synced temporary sibling, renamed over the old one.
+
+        Readers on other machines see the old entry or the new one; a reader
+        that sees neither whole (some network filesystems) fails the hash.
+        """
+        cubin = bytes(cubin)
         os.makedirs(self.directory, exist_ok=True)
-        # A concurrent reader sees the whole cubin or none.
-        atomic_write(self.path(image_hash, cc, versions), cubin)
+        header = self.MAGIC + f"{len(cubin)} {hashlib.sha256(cubin).hexdigest()}\n".encode()
+        atomic_write(self.path(image_hash, cc, versions), header + cubin)

@@ -203,3 +203,29 @@ def test_readers_never_see_half_a_cubin(tmp_path):
         t.join()
     assert bad == []
     assert seen  # the readers did read
+
+
+# -- DiskCache: entries checked before they are loaded ---------------------------------------
+CUBIN = b"\x7fELF" + bytes(range(256)) * 40
+
+
+@pytest.mark.parametrize("damage", [
+    lambda b: b[: len(b) // 2],                      # torn: a crash mid-write, a partial copy
+    lambda b: b[:-1],                                # one byte short
+    lambda b: b[:-5] + b"XXXXX",                     # corrupt tail, length kept
+    lambda b: CUBIN,                                 # an old, headerless entry
+    lambda b: b"",
+])
+def test_a_damaged_entry_reads_as_missing_and_store_replaces_it(tmp_path, damage):
+    disk = DiskCache(str(tmp_path))
+    key = ("img", (9, 0), ("12.8", "12.9"))
+    disk.store(*key, CUBIN)
+    path = disk.path(*key)
+    with open(path, "rb") as f:
+        whole = f.read()
+    with open(path, "wb") as f:
+        f.write(damage(whole))
+    assert disk.load(*key) is None
+    disk.store(*key, CUBIN)  # what the launcher does after relinking
+    assert disk.load(*key) == CUBIN
+    assert [n for n in os.listdir(tmp_path) if n.endswith(".tmp")] == []

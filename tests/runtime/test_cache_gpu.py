@@ -1,0 +1,57 @@
+"""On a GPU: a damaged on-disk cubin is relinked and replaced, never loaded."""
+
+import os
+import pickle
+import subprocess
+import sys
+import textwrap
+
+import pytest
+from numba import cuda
+
+import daskgpu as dg
+from daskgpu._runtime.cache import DiskCache
+
+pytestmark = pytest.mark.gpu
+
+
+@dg.jit("void(float32[::1], float32, float32[::1], float32[::1])")
+def saxpy(out, a, x, y):
+    i = cuda.grid(1)
+    if i < out.size:
+        out[i] = a * x[i] + y[i]
+
+
+def test_a_truncated_or_corrupt_entry_is_relinked_and_replaced(tmp_path):
+    blob = tmp_path / "launch.pkl"
+    blob.write_bytes(pickle.dumps(saxpy.forall(16)))
+    cubins = tmp_path / "cubins"
+    script = textwrap.dedent(f"""
+        import pickle, sys, numpy as np, dask
+        sys.modules["numba"] = None
+        with dask.config.set({{"daskgpu.cache-dir": {str(cubins)!r}}}):
+            import daskgpu._runtime.launcher as launcher
+            calls = []
+            orig = launcher.link_cubin
+            launcher.link_cubin = lambda *a: calls.append(1) or orig(*a)
+            launch = pickle.load(open({str(blob)!r}, "rb"))
+            x = np.ones(16, np.float32)
+            assert (launch(np.zeros_like(x), 1.0, x, x) == 2).all()
+            print("LINKED", len(calls))
+    """)
+
+    def run():
+        done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    assert "LINKED 1" in run()
+    [name] = os.listdir(cubins)
+    entry = cubins / name
+    good = entry.read_bytes()
+    assert "LINKED 0" in run()  # a whole entry is loaded
+    for damaged in (good[: len(good) // 2], good[:-7] + b"\0" * 7):
+        entry.write_bytes(damaged)
+        assert "LINKED 1" in run()  # relinked, not loaded
+        assert entry.read_bytes() == good  # and replaced
+    assert os.listdir(cubins) == [name]
