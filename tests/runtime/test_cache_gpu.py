@@ -10,7 +10,6 @@ import pytest
 from numba import cuda
 
 import daskgpu as dg
-from daskgpu._runtime.cache import DiskCache
 
 pytestmark = pytest.mark.gpu
 
@@ -53,5 +52,5 @@ def test_a_truncated_or_corrupt_entry_is_relinked_and_replaced(tmp_path):
     for damaged in (good[: len(good) // 2], good[:-7] + b"\0" * 7):
         entry.write_bytes(damaged)
         assert "LINKED 1" in run()  # relinked, not loaded
-        assert entry.read_bytes() == good  # and replaced
+        assert "LINKED 0" in run()  # and replaced by a whole entry
     assert os.listdir(cubins) == [name]
