@@ -238,6 +238,9 @@ def dtype_of(code: str) -> np.dtype:
 def _readable(dtype: np.dtype) -> str:
     # Numba's spelling, shortened: Record(a:int8@0,b:float64@8;16;aligned)
     if dtype.names is None:
+        if not dtype.isnative:  # else ">f4" reads as "float32", like the wanted "<f4"
+            order = "big" if dtype.byteorder == ">" else "little"
+            return f"{dtype.name} in {order}-endian byte order ({dtype.str})"
         return dtype.name
     fields = ",".join(
         f"{n}:{_readable(dtype.fields[n][0])}@{dtype.fields[n][1]}" for n in dtype.names
