@@ -47,7 +47,8 @@ def main(n=None, simulate=None, cluster=None, chunks=None):
     """Return ``(per_chunk, total)``: rows (count, mean, std, min, max) per chunk, and overall."""
     with ExitStack() as stack:
         if cluster is None:
-            cluster = stack.enter_context(dg.LocalGPUCluster(simulate=simulate))
+            cluster = stack.enter_context(
+                dg.LocalGPUCluster(simulate=simulate, dashboard_address=None))
         client = stack.enter_context(Client(cluster))
         simulated = getattr(cluster, "simulated", bool(simulate))
         n = n or (2_000 if simulated else 1 << 27)

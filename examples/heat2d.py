@@ -58,7 +58,8 @@ def main(n=None, simulate=None, cluster=None, steps=None, alpha=0.2):
     """
     with ExitStack() as stack:
         if cluster is None:
-            cluster = stack.enter_context(dg.LocalGPUCluster(simulate=simulate))
+            cluster = stack.enter_context(
+                dg.LocalGPUCluster(simulate=simulate, dashboard_address=None))
         client = stack.enter_context(Client(cluster))
         simulated = getattr(cluster, "simulated", bool(simulate))
         n = n or (24 if simulated else 4096)

@@ -48,7 +48,8 @@ def main(n=None, simulate=None, cluster=None, chunks=None):
     """Histogram ``n`` normal float32 samples into 256 bins over [-4, 4]; return the counts."""
     with ExitStack() as stack:
         if cluster is None:
-            cluster = stack.enter_context(dg.LocalGPUCluster(simulate=simulate))
+            cluster = stack.enter_context(
+                dg.LocalGPUCluster(simulate=simulate, dashboard_address=None))
         client = stack.enter_context(Client(cluster))
         simulated = getattr(cluster, "simulated", bool(simulate))
         n = n or (3_000 if simulated else 1 << 28)

@@ -65,7 +65,8 @@ def main(streams=None, draws=None, simulate=None, cluster=None, chunks=None, see
     """
     with ExitStack() as stack:
         if cluster is None:
-            cluster = stack.enter_context(dg.LocalGPUCluster(simulate=simulate))
+            cluster = stack.enter_context(
+                dg.LocalGPUCluster(simulate=simulate, dashboard_address=None))
         client = stack.enter_context(Client(cluster))
         simulated = getattr(cluster, "simulated", bool(simulate))
         streams = streams or (1_000 if simulated else 1 << 24)

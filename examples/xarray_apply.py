@@ -60,7 +60,8 @@ def main(shape=None, simulate=None, cluster=None):
     """Return ``(fahrenheit DataArray, histogram DataArray)``, both computed."""
     with ExitStack() as stack:
         if cluster is None:
-            cluster = stack.enter_context(dg.LocalGPUCluster(simulate=simulate))
+            cluster = stack.enter_context(
+                dg.LocalGPUCluster(simulate=simulate, dashboard_address=None))
         client = stack.enter_context(Client(cluster))
         simulated = getattr(cluster, "simulated", bool(simulate))
         shape = shape or ((4, 6, 8) if simulated else (96, 360, 720))

@@ -111,3 +111,33 @@ def test_xarray_apply(cluster, capsys):
     assert hot.dims == ("time", "lat", "lon") and hot.name == "t2m"
     assert counts.dims == ("bin",) and counts.sizes["bin"] == 64
     assert "matching NumPy" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("path", sorted(EXAMPLES.glob("*.py")), ids=lambda p: p.name)
+def test_each_example_guards_its_cluster_and_starts_no_dashboard(path):
+    text = path.read_text()
+    assert 'if __name__ == "__main__":' in text  # spawned workers re-import it
+    for start in ("LocalGPUCluster(", "LocalCUDACluster("):
+        for call in text.split(start)[1:]:
+            assert "dashboard_address=None" in call.split("\n\n")[0], (path.name, call[:200])
+
+
+@pytest.mark.nogpu
+def test_an_example_as_a_script_is_quiet_even_when_8787_is_taken():
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as taken:
+        taken.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            taken.bind(("127.0.0.1", 8787))
+            taken.listen()
+        except OSError:
+            pass  # someone else holds it: the same case
+        proc = subprocess.run([sys.executable, str(EXAMPLES / "saxpy_dask.py"), "-n", "400"],
+                              capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "matches NumPy" in proc.stdout
+    assert proc.stderr.strip().count("\n") == 0, proc.stderr  # the one simulated line
+    assert "already in use" not in proc.stderr

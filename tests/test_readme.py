@@ -1,30 +1,126 @@
-"""Every Python block of the README runs (simulated here, on a GPU there)."""
+"""The README as a newcomer follows it: every snippet saved as a script, every command.
 
+Python blocks are saved as files and run with ``python FILE`` (not ``python -c``),
+so a script that starts a cluster without an ``if __name__ == "__main__":`` guard
+fails here as it would for a user. A block whose first line is ``# NAME.py`` is
+saved under that name (the shell examples use it); one whose first line says
+``# needs a GPU`` runs only where there is one. The shell blocks then run line by
+line in the same directory, on the no-GPU default; a line whose comment says
+``needs a GPU`` must fail there in a line or two, without a traceback.
+"""
+
+from __future__ import annotations
+
+import os
 import pathlib
 import re
+import shlex
 import subprocess
 import sys
 
 import pytest
 
 README = pathlib.Path(__file__).resolve().parents[1] / "README.md"
-BLOCKS = re.findall(r"```python\n(.*?)```", README.read_text(), re.DOTALL)
+TEXT = README.read_text()
+BLOCKS = re.findall(r"```(python|bash)\n(.*?)```", TEXT, re.DOTALL)
+PYTHON = [code for lang, code in BLOCKS if lang == "python"]
+SCRIPTS = [
+    (m.group(1) if (m := re.match(r"# (\w+\.py)\n", code)) else f"snippet{i}.py", code)
+    for i, code in enumerate(PYTHON)
+]
+NEEDS_GPU = "needs a GPU"
+# A running scheduler the README's commands name; the test substitutes its own.
+SCHEDULER = "tcp://scheduler:8786"
 
 
-def test_readme_has_python_blocks():
-    assert len(BLOCKS) >= 2
+def _gpu() -> bool:
+    from daskgpu._runtime._cuda import device_count
+
+    return device_count()[0] > 0
 
 
-@pytest.mark.parametrize("index", range(len(BLOCKS)))
-def test_readme_block_runs(index):
-    # `python -c`, so that spawned worker processes do not re-run the block.
-    proc = subprocess.run([sys.executable, "-c", BLOCKS[index]], capture_output=True,
-                          text=True, timeout=300)
+def _commands() -> list:
+    """The README's shell lines, continuations joined, as ``(argv, comment)``."""
+    lines = []
+    for lang, code in BLOCKS:
+        if lang == "bash":
+            lines += code.replace("\\\n", " ").splitlines()
+    out = []
+    for line in lines:
+        if not line.strip():
+            continue
+        argv = shlex.split(line, comments=True)
+        comment = line.partition("  #")[2].strip()
+        if "&&" in argv:  # pip install ... && COMMAND: the install is what CI does
+            argv = argv[argv.index("&&") + 1:]
+        if argv[:3] == ["python", "-m", "pytest"]:  # the suite this test is part of
+            continue
+        out.append((argv, comment))
+    return out
+
+
+def _run(argv, cwd, timeout=300):
+    if argv[0] == "daskgpu":
+        argv = [sys.executable, "-m", "daskgpu", *argv[1:]]
+    elif argv[0] == "python":
+        argv = [sys.executable, *argv[1:]]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        p for p in (str(README.parent), os.environ.get("PYTHONPATH")) if p)}
+    return subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def test_readme_has_snippets_and_commands():
+    assert len(PYTHON) >= 3 and len(_commands()) >= 8
+    assert any(name == "kernels.py" for name, _ in SCRIPTS)
+
+
+@pytest.mark.parametrize("name,code", SCRIPTS, ids=[n for n, _ in SCRIPTS])
+def test_readme_snippet_runs_as_a_script(name, code, tmp_path):
+    if code.startswith(f"# {NEEDS_GPU}") and not _gpu():
+        pytest.skip(code.splitlines()[0][2:])
+    (tmp_path / name).write_text(code)
+    proc = _run(["python", name], tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+
+
+def test_a_cluster_script_needs_the_guard_the_readme_shows():
+    tour = next(code for _, code in SCRIPTS if "LocalGPUCluster(" in code)
+    assert 'if __name__ == "__main__":' in tour
+    assert "__main__" in TEXT.partition(tour)[2][:1500]  # and the text says why
+
+
+@pytest.mark.nogpu
+def test_readme_commands_run_without_a_gpu(tmp_path):
+    import distributed
+
+    import daskgpu as dg
+
+    for name, code in SCRIPTS:
+        (tmp_path / name).write_text(code)
+    with dg.LocalGPUCluster(simulate=True, dashboard_address=None) as cluster, \
+            distributed.Client(cluster):
+        for argv, comment in _commands():
+            if SCHEDULER in argv and NEEDS_GPU not in comment:
+                # This test's running cluster simulates: the client must ship the
+                # Python function too, which a GPU cluster does not need.
+                argv = [cluster.scheduler_address if a == SCHEDULER else a for a in argv]
+                argv += ["--simulate"] if argv[:2] == ["daskgpu", "batch"] else []
+            proc = _run(argv, tmp_path)
+            what = f"{shlex.join(argv)}\n--- stdout\n{proc.stdout[-2000:]}\n--- stderr\n" \
+                   f"{proc.stderr[-3000:]}"
+            assert "Traceback" not in proc.stderr, what
+            if NEEDS_GPU in comment:
+                assert proc.returncode != 0, what
+                assert len(proc.stderr.strip().splitlines()) <= 2, what
+            else:
+                assert proc.returncode == 0, what
+    assert (tmp_path / "saxpy.dgk").is_file() and (tmp_path / "z.zarr").exists()
 
 
 def test_readme_commands_are_what_ci_runs():
     ci = (README.parent / ".ci" / "run").read_text()
-    test_command = re.search(r"^(pip install .*pytest -q)", README.read_text(), re.MULTILINE)
+    test_command = re.search(r"^(pip install .*pytest -q)", TEXT, re.MULTILINE)
     assert test_command is not None
     assert test_command.group(1).split("#")[0].strip() in ci

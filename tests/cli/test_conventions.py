@@ -117,3 +117,13 @@ def test_demo_simulated_is_quiet(capsys, caplog):
 def test_root_parser_documents_exit_statuses():
     epilog = build_parser().epilog
     assert "0 on success" in epilog and "1 when the work failed" in epilog
+
+
+def test_the_bench_extras_bring_cupy():
+    import pathlib
+    import tomllib
+
+    pyproject = pathlib.Path(__file__).resolve().parents[2] / "pyproject.toml"
+    extras = tomllib.loads(pyproject.read_text())["project"]["optional-dependencies"]
+    assert any(r.startswith("cupy-cuda12x") for r in extras["bench"])
+    assert any(r.startswith("cupy-cuda13x") for r in extras["bench-cu13"])
