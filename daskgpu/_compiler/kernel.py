@@ -19,6 +19,41 @@ class Kernel(LaunchAPI):
     (``k[griddim, blockdim](*args)``), or make a :class:`Launch` with
     :meth:`configure` / :meth:`forall` to ship to Dask workers. Pickled, it
     becomes a :class:`PTXKernel`: the compiled signatures as plain data.
+
+    Attributes
+    ----------
+    py_func : function
+        The Python function, compiled here; it never travels (unless simulating).
+    options : CompileOptions
+        The ``jit`` options: targets, fastmath, debug, lineinfo, max_registers.
+    images : tuple of KernelImage
+        One compiled image per signature, in compile order.
+    signatures : list of str
+        The compiled signatures, as strings.
+
+    Examples
+    --------
+    Compiling needs no GPU: the PTX is made for ``daskgpu.target-cc``.
+
+    >>> import numpy as np, pickle, daskgpu as dg
+    >>> from numba import cuda
+    >>> @dg.jit("void(float32[::1], float32)")
+    ... def scale(x, a):
+    ...     i = cuda.grid(1)
+    ...     if i < x.size:
+    ...         x[i] *= a
+    >>> scale
+    <daskgpu.Kernel scale signatures=['(float32[::1], float32)']>
+    >>> scale.images[0].writes  # inferred from the typed IR: x is written
+    (0,)
+    >>> scale.forall(1000)
+    <Launch scale LaunchConfig(ntasks=1000)>
+    >>> pickle.loads(pickle.dumps(scale))  # what travels to a worker
+    <PTXKernel scale signatures=['(float32[::1], float32)']>
+    >>> x = np.ones(1000, np.float32)
+    >>> scale[4, 256](x, 2.0)  # doctest: +SKIP
+    >>> float(x[0])  # doctest: +SKIP
+    2.0
     """
 
     def __init__(self, py_func, signatures=(), options: CompileOptions | None = None):

@@ -55,6 +55,38 @@ class KernelImage:
         line))``, so that a worker raises it without the Python function.
     py_func : bytes or None
         The cloudpickled Python function, carried only for the simulator.
+
+    Attributes
+    ----------
+    hash : str
+        sha256 over everything that determines the linked code and its use:
+        the cubin cache key on workers.
+    signature : str
+        The argument types, as Numba writes a signature.
+    targets : tuple of (int, int)
+        The compute capabilities there is PTX for.
+
+    Examples
+    --------
+    A :class:`~daskgpu.Kernel` holds one image per compiled signature; it is
+    plain data (strings, tuples, bytes), compared and hashed by value.
+
+    >>> import daskgpu as dg
+    >>> from numba import cuda
+    >>> @dg.jit("void(float64[::1], float64)")
+    ... def scale(x, a):
+    ...     i = cuda.grid(1)
+    ...     if i < x.size:
+    ...         x[i] *= a
+    >>> image = scale.images[0]
+    >>> image.signature, image.targets, image.writes, image.grid_ndim
+    ('(float64[::1], float64)', ((7, 5),), (0,), 1)
+    >>> [a.kind for a in image.args]
+    ['array', 'scalar']
+    >>> image.ptx[0][1].lstrip().startswith("//")  # PTX text per target
+    True
+    >>> len(image.hash)
+    64
     """
 
     name: str
@@ -102,13 +134,16 @@ class KernelImage:
 
     @property
     def targets(self) -> tuple:
+        """The compute capabilities there is PTX for, ascending."""
         return tuple(cc for cc, _ in self.ptx)
 
     @property
     def signature(self) -> str:
+        """The argument types as Numba writes a signature, e.g. ``(float32[::1], float32)``."""
         return signature_str(self.args)
 
     def option(self, key, default=None):
+        """The link option ``key`` (e.g. ``"max_registers"``), else ``default``."""
         return dict(self.options).get(key, default)
 
     def ptx_for(self, cc: tuple) -> str | None:
@@ -120,6 +155,7 @@ class KernelImage:
         return best
 
     def with_py_func(self, py_func: bytes | None) -> "KernelImage":
+        """This image carrying ``py_func`` (cloudpickled, for the simulator), or none."""
         fields = _fields(self)
         fields["py_func"] = py_func
         return _rebuild_image(fields)

@@ -38,6 +38,35 @@ class Launch:
     Calling it launches the kernel and returns what the kernel wrote: one array,
     a tuple of arrays in argument order, or None. Pickled, it carries only the
     kernel's compiled images (PTX and argument specs).
+
+    Attributes
+    ----------
+    kernel : Kernel or PTXKernel
+        The kernel to launch; pickled, a :class:`PTXKernel`.
+    config : LaunchConfig
+        Grid and block dimensions, stream and shared memory, or a forall's
+        number of tasks.
+
+    Examples
+    --------
+    Made by ``kernel[griddim, blockdim]``, :meth:`~LaunchAPI.configure` or
+    :meth:`~LaunchAPI.forall`; a launch travels to Dask workers as PTX-only data.
+
+    >>> import pickle, numpy as np, daskgpu as dg
+    >>> from numba import cuda
+    >>> @dg.jit("void(float32[::1], float32[::1])")
+    ... def double(out, x):
+    ...     i = cuda.grid(1)
+    ...     if i < x.size:
+    ...         out[i] = 2 * x[i]
+    >>> launch = double[4, 256]
+    >>> launch
+    <Launch double LaunchConfig(griddim=(4, 1, 1), blockdim=(256, 1, 1))>
+    >>> pickle.loads(pickle.dumps(launch)).kernel
+    <PTXKernel double signatures=['(float32[::1], float32[::1])']>
+    >>> x = np.arange(1000, dtype=np.float32)
+    >>> out = launch(np.empty_like(x), x)  # doctest: +SKIP
+    >>> fut = client.submit(launch, np.empty_like(x), x)  # doctest: +SKIP
     """
 
     __slots__ = ("kernel", "config", "_fast")
@@ -286,6 +315,35 @@ class PTXKernel(LaunchAPI):
     This is what a client :class:`~daskgpu.Kernel` becomes when pickled and what
     :func:`daskgpu.load` returns. It launches like a Numba kernel but cannot
     compile new signatures.
+
+    Attributes
+    ----------
+    images : tuple of KernelImage
+        The compiled images, one per signature; a launch picks the one its
+        arguments match.
+    signatures : list of str
+        Their signatures, as strings.
+    __name__ : str
+        The kernel's function name.
+
+    Examples
+    --------
+    >>> import os, tempfile, daskgpu as dg
+    >>> from numba import cuda
+    >>> @dg.jit("void(int32[::1])")
+    ... def count(x):
+    ...     i = cuda.grid(1)
+    ...     if i < x.size:
+    ...         x[i] = i
+    >>> path = os.path.join(tempfile.mkdtemp(), "count.dgk")
+    >>> _ = dg.save(count, path)
+    >>> loaded = dg.load(path)  # no numba needed from here on
+    >>> loaded
+    <PTXKernel count signatures=['(int32[::1])']>
+    >>> loaded.images[0].targets
+    ((7, 5),)
+    >>> loaded.forall(10)
+    <Launch count LaunchConfig(ntasks=10)>
     """
 
     def __init__(self, images):
@@ -297,6 +355,7 @@ class PTXKernel(LaunchAPI):
 
     @property
     def signatures(self):
+        """The compiled signatures, as strings, in image order."""
         return [im.signature for im in self.images]
 
     def _select(self, args, infos=None):
