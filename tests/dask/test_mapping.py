@@ -359,7 +359,8 @@ def test_names_are_deterministic(simulate):
     assert build().name.startswith("saxpy-")
     assert build(2.0).name != build().name
     assert build(tpb=32).name != build().name
-    assert build(name="my-saxpy").name == "my-saxpy"
+    assert build(name="my-saxpy").name.startswith("my-saxpy-")  # a prefix, as issue 17 asks
+    assert build(token="my-saxpy").name == "my-saxpy"            # the full name
 
 
 def test_one_task_per_chunk_outputs_have_none_of_their_own(simulate):
