@@ -123,7 +123,9 @@ def _exception_table(call_helper) -> tuple:
     """The user exceptions a debug kernel can raise, as plain data."""
     table = []
     for code, (cls, args, loc) in sorted(getattr(call_helper, "exceptions", {}).items()):
-        plain_args = tuple(a if isinstance(a, (str, int, float, bool)) else repr(a) for a in args)
+        # A bare `raise MyError` has no arguments (None), not an empty tuple.
+        plain_args = tuple(a if isinstance(a, (str, int, float, bool)) else repr(a)
+                           for a in (args or ()))
         where = (str(loc[0]), str(loc[1]), int(loc[2])) if loc else None
         table.append((int(code), cls.__name__, plain_args, where))
     return tuple(table)

@@ -37,6 +37,9 @@ def to_argspec(typ, position: int, fname: str) -> ArgSpec:
         return ArgSpec("tuple", tuple_code(members))
     if isinstance(typ, types.Record):
         return ArgSpec("record", _dtype_name(typ, position, fname))
+    if isinstance(typ, types.CPointer):
+        # A raw device address, passed as numba does: one 64-bit integer.
+        return ArgSpec("scalar", "uint64")
     if isinstance(typ, (types.Number, types.Boolean, types.NPDatetime, types.NPTimedelta)):
         return ArgSpec("scalar", _dtype_name(typ, position, fname))
     raise CompileError(

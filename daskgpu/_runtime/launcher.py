@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 import threading
 
 import numpy as np
@@ -12,7 +13,7 @@ from cuda.core import ObjectCode
 
 from daskgpu import _config
 from daskgpu._errors import DeviceError, LaunchConfigError
-from daskgpu._image.argspec import _READERS, Zeroed, _has_layout, array_info
+from daskgpu._image.argspec import _READERS, Zeroed, _has_layout, _read_cai, array_info
 from daskgpu._runtime import device as _device
 from daskgpu._runtime._cuda import (
     _SUCCESS,
@@ -451,6 +452,8 @@ def run(image, config, args, infos):
                 values += (0, 0, _nitems(shape), dtype.itemsize, ptr)
                 values += shape
                 values += strides
+                if _READERS.get(type(args[i])) is _read_cai:
+                    sync_producer_stream(args[i], stream)
         params = kernel.layout.pack(values)
         if kernel.errcode is not None:
             check(driver.cuMemsetD32Async(kernel.errcode, 0, 1, stream), "cuMemsetD32Async")
@@ -478,6 +481,29 @@ def run(image, config, args, infos):
     finally:
         if staging is not None:
             staging.free()
+
+
+# As numba-cuda's NUMBA_CUDA_ARRAY_INTERFACE_SYNC: wait for the stream that an
+# array's producer names in its CUDA array interface before launching on it.
+_CAI_SYNC = os.environ.get("NUMBA_CUDA_ARRAY_INTERFACE_SYNC", "1") not in ("0", "")
+
+
+def sync_producer_stream(value, stream) -> bool:
+    """Synchronise the ``stream`` of ``value``'s CUDA array interface, as Numba does.
+
+    The legacy default stream (1) needs nothing when the launch is on it too:
+    it orders itself after every blocking stream's work. Returns whether it waited.
+    """
+    if not _CAI_SYNC:
+        return False
+    handle = value.__cuda_array_interface__.get("stream")
+    if not isinstance(handle, int) or handle == 0:
+        return False  # None: the producer says no synchronisation is needed
+    launch = int(stream)
+    if handle == launch or (handle == 1 and launch == 0):
+        return False
+    check(driver.cuStreamSynchronize(driver.CUstream(handle)), "cuStreamSynchronize")
+    return True
 
 
 def _flatten_tuple(spec, value, staging, written, values):
@@ -534,6 +560,8 @@ class DeviceLaunch:
                 info = reader(value) if reader is not None else None
                 if info is None or info[3] is None:
                     return NotImplemented
+                if reader is _read_cai:
+                    sync_producer_stream(value, _DEFAULT_STREAM)
                 dtype, shape, strides, ptr = info
                 want, ndim, layout = check
                 itemsize = want.itemsize

@@ -77,3 +77,26 @@ def fill(out, v):
 def test_fill_writes_come_back_from_the_gpu():
     out = shipped(dg.jit("void(float32[::1], float32)")(fill))[4, 32](np.zeros(100, np.float32), 2.5)
     np.testing.assert_array_equal(out, 2.5)
+
+
+class _Foreign:
+    """A device array as another library hands it over: only the interface."""
+
+    def __init__(self, array, stream):
+        cai = dict(array.__cuda_array_interface__)
+        cai["stream"] = stream
+        self.__cuda_array_interface__ = cai
+        self._keep = array
+
+
+def test_the_producer_stream_of_the_array_interface_is_honoured():
+    from daskgpu._runtime.launcher import _DEFAULT_STREAM, sync_producer_stream
+
+    s = cuda.stream()
+    a = cuda.device_array(10, stream=s)
+    assert sync_producer_stream(_Foreign(a, int(s.handle)), _DEFAULT_STREAM)
+    assert not sync_producer_stream(_Foreign(a, None), _DEFAULT_STREAM)
+    assert not sync_producer_stream(_Foreign(a, 1), _DEFAULT_STREAM)  # legacy orders itself
+    out = shipped(dg.jit("void(float32[::1], float32)")(fill))[1, 32](
+        _Foreign(cuda.to_device(np.zeros(10, np.float32), stream=s), int(s.handle)), 3.0)
+    np.testing.assert_array_equal(out._keep.copy_to_host(), 3.0)

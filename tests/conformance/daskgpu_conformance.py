@@ -127,6 +127,14 @@ class RoutedKernel:
         self.__dict__["_lock"] = threading.Lock()
 
     def __getattr__(self, name):
+        if name.startswith("inspect_") or name in ("overloads", "signatures", "get_regs_per_thread",
+                                                   "get_shared_mem_per_block"):
+            # What numba-cuda itself makes for the signatures launched: tests
+            # that inspect the PTX inspect numba's, as without daskgpu.
+            d = self._dispatcher
+            for argtypes in self.__dict__.get("_seen", ()):
+                if d._can_compile and argtypes not in d.overloads:
+                    d.compile(argtypes)
         return getattr(self._dispatcher, name)
 
     def __setattr__(self, name, value):
@@ -155,22 +163,29 @@ class RoutedKernel:
         import daskgpu as dg
 
         d = self._dispatcher
-        argtypes = tuple(d.typeof_pyval(a) for a in args)
         with self._lock:
             if self._dg is None:
-                self.__dict__["_dg"] = dg.kernel(d, signatures=[])
+                # An eagerly compiled dispatcher launches its own signatures only
+                # (a Python int goes to its int32 one); a lazy one compiles per call.
+                eager = not d._can_compile
+                self.__dict__["_dg"] = dg.kernel(d, signatures=list(d.overloads) if eager else [])
             k = self._dg
+            if not k._lazy:
+                return self._ship(k)
+            argtypes = tuple(d.typeof_pyval(a) for a in args)
             seen = self.__dict__.setdefault("_seen", set())
             if argtypes not in seen:  # recorded before compiling: failures are kept too
                 seen.add(argtypes)
                 _record(d.py_func, argtypes, d.targetoptions)
             k.compile(argtypes)
-            if self._shipped_n != len(k.images):
-                # What a worker receives: the images as plain data, unpickled.
-                blob = pickle.dumps(k)
-                self.__dict__["_shipped"] = pickle.loads(blob)
-                self.__dict__["_shipped_n"] = len(k.images)
-            return self._shipped
+            return self._ship(k)
+
+    def _ship(self, k):
+        if self._shipped_n != len(k.images):
+            # What a worker receives: the images as plain data, unpickled.
+            self.__dict__["_shipped"] = pickle.loads(pickle.dumps(k))
+            self.__dict__["_shipped_n"] = len(k.images)
+        return self._shipped
 
 
 class RoutedLaunch:
