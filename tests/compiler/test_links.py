@@ -95,3 +95,16 @@ def test_a_python_float_selects_float64_as_numba_does():
     assert k._select([np.zeros(1), np.float32(1.5)]).signature == "(float64[::1], float32)"
     shipped = pickle.loads(pickle.dumps(k))
     assert shipped._select([np.zeros(1), 1.5]).signature == "(float64[::1], float64)"
+
+
+class MyError(Exception):
+    pass
+
+
+def test_a_bare_raise_in_a_debug_kernel_compiles():
+    def raises(a):
+        if a[0] > 0:
+            raise MyError
+
+    image = dg.jit("void(int32[::1])", debug=True, opt=False)(raises).images[0]
+    assert [(cls, args) for _, cls, args, _ in image.exceptions] == [("MyError", ())]
