@@ -698,15 +698,19 @@ import json, sys, time
 import numpy as np
 from numba import cuda
 from numba.cuda.random import create_xoroshiro128p_states, init_xoroshiro128p_states_cpu, xoroshiro128p_dtype
-n, seed, start = map(int, sys.argv[1:4])
+n, seed, start, jumps = map(int, sys.argv[1:5])
 init_xoroshiro128p_states_cpu(np.empty(2, xoroshiro128p_dtype), 1, 1)  # compiled before timing
 cuda.current_context()
 t0 = time.perf_counter()
 states = create_xoroshiro128p_states(n, seed, subsequence_start=start)
 cuda.synchronize()
 seconds = time.perf_counter() - t0
+t0 = time.perf_counter()
+init_xoroshiro128p_states_cpu(np.empty(1, xoroshiro128p_dtype), seed, jumps)
+per_jump = (time.perf_counter() - t0) / jumps
 ends = states.copy_to_host()[[0, -1]]
-print(json.dumps({"seconds": seconds, "ends": [[int(e["s0"]), int(e["s1"])] for e in ends]}))
+print(json.dumps({"seconds": seconds, "per_jump": per_jump,
+                  "ends": [[int(e["s0"]), int(e["s1"])] for e in ends]}))
 """
 
 
@@ -740,7 +744,8 @@ def states_build_seconds(n: int, seed: int, start: int, builder, repeat: int = 5
 
 
 def bench_reductions(size_bytes: int = 4 << 30, chunk_bytes: int = 64 << 20,
-                     states: int = 1 << 24, states_start: int = 1 << 30) -> list:
+                     states: int = 1 << 24, states_start: int = 1 << 30,
+                     numba_start: int = 1 << 24) -> list:
     """A 256-bin histogram and random-state construction, against what users write by hand.
 
     The histogram of ``size_bytes`` of float32 host chunks: ``map_kernel`` with a
@@ -748,8 +753,11 @@ def bench_reductions(size_bytes: int = 4 << 30, chunk_bytes: int = 64 << 20,
     workers' CPUs and against ``map_blocks`` + a Numba kernel + a hand-written
     sum. Random states: ``states`` of them from global index ``states_start``,
     built on a worker's GPU, against Numba's ``create_xoroshiro128p_states(states,
-    seed, subsequence_start=states_start)``, which jumps ``states_start`` times
-    on the host; it runs in a process of its own meanwhile.
+    seed, subsequence_start)``, which jumps ``subsequence_start`` times on the host,
+    one after the other (2**30 of them take minutes). Numba runs, in a process of
+    its own meanwhile, at ``numba_start`` (a lower bound of its cost at
+    ``states_start``), and its cost at ``states_start`` is also extrapolated
+    from its measured time per jump.
     """
     import dask.array as da
 
@@ -760,7 +768,8 @@ def bench_reductions(size_bytes: int = 4 << 30, chunk_bytes: int = 64 << 20,
 
     seed = 2024
     numba_states = subprocess.Popen(
-        [sys.executable, "-c", _NUMBA_STATES, str(states), str(seed), str(states_start)],
+        [sys.executable, "-c", _NUMBA_STATES, str(states), str(seed), str(numba_start),
+         str(min(numba_start, 1 << 23) or 1)],
         stdout=subprocess.PIPE, text=True)
     client = _Cluster.get()
     x = _wait_persisted(da.random.default_rng(0).random(size_bytes // 4, dtype=np.float32,
@@ -784,21 +793,31 @@ def bench_reductions(size_bytes: int = 4 << 30, chunk_bytes: int = 64 << 20,
         np.testing.assert_array_equal(results[0], r)
     assert results[0].sum() == x.size
     ours_t, cpu_t, hand_t = _timed(ours), _timed(cpu), _timed(by_hand)
+    print(f"  histogram: daskgpu {min(ours_t):.3f} s, da.histogram {min(cpu_t):.3f} s, "
+          f"map_blocks + Numba {min(hand_t):.3f} s", flush=True)
     del x
 
     built_t, ends = client.submit(states_build_seconds, states, seed, states_start, builder(),
                                   pure=False).result()
     want = host_states(seed, np.array([states_start, states_start + states - 1], np.uint64))
     assert ends == [[int(w["s0"]), int(w["s1"])] for w in want], "states differ from Numba's"
+    print(f"  states: daskgpu {min(built_t):.4f} s at offset {states_start}", flush=True)
     numba = json.loads(numba_states.communicate()[0])
-    assert numba["ends"] == ends, "Numba's states differ from daskgpu's"
+    numba_want = host_states(seed, np.array([numba_start, numba_start + states - 1], np.uint64))
+    assert numba["ends"] == [[int(w["s0"]), int(w["s1"])] for w in numba_want], \
+        "Numba's states differ from the jump table's"
+    extrapolated = numba["seconds"] + (states_start - numba_start) * numba["per_jump"]
     what = f"256-bin histogram, {size_bytes >> 20} MiB float32 host, {chunk_bytes >> 20} MiB chunks"
     where = f"{states >> 20}M random states at offset 2**{states_start.bit_length() - 1}"
     return [
         _ratio(what, ours_t, cpu_t, "s", "da.histogram on the workers' CPUs"),
         _ratio(what, ours_t, hand_t, "s", "da.map_blocks + Numba kernel + a sum by hand"),
         _ratio(f"{where}, on the worker's GPU", built_t, [numba["seconds"]], "s",
-               "numba create_xoroshiro128p_states(n, seed, subsequence_start)"),
+               f"numba create_xoroshiro128p_states(n, seed, subsequence_start=2**"
+               f"{numba_start.bit_length() - 1}), measured: a lower bound"),
+        _ratio(f"{where}, on the worker's GPU", built_t, [extrapolated], "s",
+               f"the same at 2**{states_start.bit_length() - 1}, extrapolated from "
+               f"Numba's {numba['per_jump'] * 1e9:.0f} ns per host jump"),
     ]
 
 
