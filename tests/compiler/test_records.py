@@ -198,3 +198,20 @@ def test_namedtuples_and_empty_tuples_compile(simulate):
     assert r[0] == 3.5
     with pytest.raises(TypeError, match="member 2"):
         k.ptx_kernel()._select([r, (1, 2, "x"), ()])
+
+
+def shift_dates(out, dates, delta):
+    i = cuda.grid(1)
+    if i < out.size:
+        out[i] = dates[i] + delta
+
+
+def test_datetime64_and_timedelta64_arrays_and_scalars(simulate):
+    dates = np.array(["2026-01-01", "2026-12-02"], dtype="datetime64[D]")
+    k = dg.jit(shift_dates)
+    out = k.forall(2)(np.zeros(2, "datetime64[D]"), dates, np.timedelta64(3, "D"))
+    np.testing.assert_array_equal(out, dates + np.timedelta64(3, "D"))
+    (image,) = k.images
+    assert [str(a) for a in image.args] == ["datetime64[D][::1]", "datetime64[D][::1]", "timedelta64[D]"]
+    assert param_codes(image.args[2]) == "q"  # an int64 count, as numba passes it
+    assert not image.args[2].accepts(np.timedelta64(3, "h"))  # the unit is part of the type
