@@ -16,6 +16,7 @@ from cuda.bindings import driver
 
 from daskgpu import _config
 from daskgpu._image.random_states import JUMP_TABLE, STATE_DTYPE, host_states, splitmix64
+from daskgpu._runtime import device as _device
 from daskgpu._runtime._cuda import check
 
 __all__ = ["DeviceStates", "build", "expand"]
@@ -43,11 +44,16 @@ class DeviceStates:
     It exposes ``__cuda_array_interface__`` as Numba's own state arrays do
     (``|V16`` records), so a kernel takes it where Numba takes
     ``create_xoroshiro128p_states(n, seed)``; ``copy_to_host()`` reads it back.
-    Memory is ordered on the legacy default stream and freed with the object.
+    Memory is ordered on the legacy default stream and freed with the object,
+    in the context it was allocated in, whichever thread frees it.
     """
 
     def __init__(self, n: int):
         self.n = int(n)
+        # A Dask worker thread may have made no context current yet: a launch
+        # would, but these states are allocated before it.
+        _device.current()
+        self._ctx = check(driver.cuCtxGetCurrent(), "cuCtxGetCurrent")
         self._ptr = check(driver.cuMemAllocAsync(_TABLE_BYTES + 16 * max(self.n, 1), 0),
                           "cuMemAllocAsync")
         base = int(self._ptr)
@@ -73,6 +79,7 @@ class DeviceStates:
     def copy_to_host(self) -> np.ndarray:
         out = np.empty(self.n, STATE_DTYPE)
         if self.n:
+            _device.current()
             check(driver.cuMemcpyDtoH(out.ctypes.data, int(self._ptr) + _TABLE_BYTES, out.nbytes),
                   "cuMemcpyDtoH")
         return out
@@ -80,7 +87,9 @@ class DeviceStates:
     def __del__(self):
         ptr, self._ptr = getattr(self, "_ptr", None), None
         if ptr is not None:
+            driver.cuCtxPushCurrent(self._ctx)
             driver.cuMemFreeAsync(ptr, 0)
+            driver.cuCtxPopCurrent()
 
     def __repr__(self):
         return f"<DeviceStates n={self.n}>"
