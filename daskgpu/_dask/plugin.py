@@ -55,7 +55,8 @@ class GPUWorkerPlugin(WorkerPlugin):
         self.info = None
 
     def setup(self, worker):
-        """Make the worker's GPU current, import the runtime, record its facts."""
+        """Check the settings, make the worker's GPU current, import the runtime, record its facts."""
+        _config.check()  # a bad daskgpu.* value fails the worker's start, named
         self.info = _probe(warm=True)
 
     def __repr__(self):

@@ -53,3 +53,21 @@ def test_the_setting_comes_back_when_the_last_simulated_cluster_closes():
         with _simulated() as c:
             assert c.simulated and _config.simulating() is True
         assert _config.simulating() is False
+
+
+def test_a_bad_setting_stops_the_cluster_at_start_naming_it():
+    import pytest
+
+    with dask.config.set({"daskgpu.module-cache-size": "abc"}):
+        with pytest.raises(_config.ConfigError, match="'module-cache-size' is 'abc'"):
+            _simulated()
+
+
+def test_a_bad_setting_fails_a_worker_plugin_at_setup():
+    import pytest
+
+    from daskgpu._dask.plugin import GPUWorkerPlugin
+
+    with dask.config.set({"daskgpu.simulate": True, "daskgpu.pinned-pool-bytes": -5}):
+        with pytest.raises(_config.ConfigError, match="'pinned-pool-bytes' is -5"):
+            GPUWorkerPlugin().setup(worker=None)
