@@ -16,6 +16,7 @@ from daskgpu._compiler.target import compiling_for
 from daskgpu._errors import CompileError
 from daskgpu._image.image import KernelImage
 from daskgpu._image.ptx import ptx_isa_version
+from daskgpu._runtime.faults import exception_name
 
 
 def parse_cc(cc) -> tuple:
@@ -127,7 +128,7 @@ def _exception_table(call_helper) -> tuple:
         plain_args = tuple(a if isinstance(a, (str, int, float, bool)) else repr(a)
                            for a in (args or ()))
         where = (str(loc[0]), str(loc[1]), int(loc[2])) if loc else None
-        table.append((int(code), cls.__name__, plain_args, where))
+        table.append((int(code), exception_name(cls), plain_args, where))
     return tuple(table)
 
 
@@ -210,7 +211,9 @@ def compile_image(py_func, argtypes, options: CompileOptions) -> KernelImage:
         entry=entry,
         ptx=ptx,
         args=specs,
-        writes=tuple(sorted(analysis.written)),
+        # A store through a pointer argument (cuda.carray(ptr, ...)) writes memory
+        # that the caller owns by address: nothing to copy back, as in numba.
+        writes=tuple(i for i in sorted(analysis.written) if specs[i].kind != "scalar"),
         grid_ndim=analysis.grid_ndim,
         links=links,
         options=(

@@ -76,7 +76,11 @@ class LaunchConfig:
             if not 1 <= len(counts) <= 3 or any(
                     _whole(n, "forall ntasks", "write forall(8), not forall(8.0)") < 0
                     for n in counts):
+                # Numba's words first: code written against numba matches them.
                 raise LaunchConfigError(
+                    f"Can't create ForAll with negative task count: {ntasks!r} (forall "
+                    f"ntasks must be 1 to 3 non-negative integers, got {ntasks!r})"
+                    if 1 <= len(counts) <= 3 else
                     f"forall ntasks must be 1 to 3 non-negative integers, got {ntasks!r}"
                 )
             if _whole(tpb, "tpb", "write e.g. tpb=128, or 0 for automatic") < 0:

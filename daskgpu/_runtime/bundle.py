@@ -19,7 +19,8 @@ HMAC is missing or does not match, so only holders of the key can make a
 bundle that loads. Before anything is parsed, a file is bounded in size
 (:data:`MAX_BYTES`) and nesting depth (:data:`MAX_DEPTH`). Exception classes
 named in a bundle resolve only from an allow-list of ordinary exception types
-(:data:`~daskgpu._runtime.faults.EXCEPTION_CLASSES`). The Python function is never stored: a bundle is PTX-only even while
+(:data:`~daskgpu._runtime.faults.EXCEPTION_CLASSES`), or as ``module:qualname``
+from a module already imported, and only to ``Exception`` subclasses. The Python function is never stored: a bundle is PTX-only even while
 ``daskgpu.simulate`` is on. This module imports neither numba nor a GPU
 library, so loading works on a worker that has neither a compiler nor numba.
 """
@@ -67,7 +68,7 @@ _OPTION_TYPES = {
     "shared_memory_carveout": (int, type(None)),
 }
 _ENTRY_RE = re.compile(r"[A-Za-z_$][A-Za-z0-9_$]*")
-_CLASS_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_.]{0,199}")
+_CLASS_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_.:<>]{0,199}")
 # A JSON string (skipped whole), or one bracket: enough to measure nesting depth.
 _DEPTH_RE = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{}]')
 _HEX64_RE = re.compile(r"[0-9a-f]{64}")

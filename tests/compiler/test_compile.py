@@ -190,3 +190,16 @@ def test_image_hash_does_not_depend_on_compile_order(tmp_path):
                              capture_output=True, text=True, check=True)
         hashes.add(out.stdout.strip())
     assert len(hashes) == 1
+
+
+def test_a_store_through_a_pointer_argument_is_not_a_copy_back():
+    from numba import types as nbtypes
+    from numba.cuda.np.numpy_support import carray
+
+    def add(a_ptr, out):
+        a = carray(a_ptr, (1,), dtype=cuda.float32)
+        a[0] += 1.2
+        out[0] = 1
+
+    image = dg.jit(nbtypes.void(nbtypes.CPointer(nbtypes.float32), nbtypes.int32[::1]))(add).images[0]
+    assert str(image.args[0]) == "uint64" and image.writes == (1,)

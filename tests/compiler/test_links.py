@@ -107,4 +107,4 @@ def test_a_bare_raise_in_a_debug_kernel_compiles():
             raise MyError
 
     image = dg.jit("void(int32[::1])", debug=True, opt=False)(raises).images[0]
-    assert [(cls, args) for _, cls, args, _ in image.exceptions] == [("MyError", ())]
+    assert [(cls, args) for _, cls, args, _ in image.exceptions] == [(f"{__name__}:MyError", ())]

@@ -153,6 +153,10 @@ class RoutedKernel:
         return RoutedLaunch(self, "configure", (griddim, blockdim, stream, sharedmem))
 
     def forall(self, ntasks, tpb=0, stream=0, sharedmem=0):
+        from daskgpu._image.config import LaunchConfig
+
+        # Checked here, as numba's ForAll checks them when it is made.
+        LaunchConfig(ntasks=ntasks, tpb=tpb, sharedmem=sharedmem)
         return RoutedLaunch(self, "forall", (ntasks, tpb, stream, sharedmem))
 
     def __call__(self, *args, **kwargs):

@@ -67,3 +67,10 @@ def test_the_module_list_is_the_issues():
     assert len(run.MODULES) == len(set(run.MODULES)) == 37 + 9
     assert all(m.startswith(("numba.cuda.tests.cudapy.", "numba.cuda.tests.doc_examples."))
                for m in run.MODULES)
+
+
+def test_a_negative_forall_raises_numbas_value_error_when_made():
+    import pytest
+
+    with pytest.raises(ValueError, match="Can't create ForAll with negative task count"):
+        harness.RoutedKernel(cuda.jit(axpy)).forall(-1)

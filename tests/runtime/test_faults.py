@@ -71,3 +71,54 @@ def test_debug_kernel_raises_on_the_gpu():
     with pytest.raises(ValueError, match=r"tid=\[0, 0, 3\] ctaid=\[0, 0, 0\]: n too big"):
         RAISING[1, 8](a, 5)
     assert (RAISING[1, 8](a, 1) == 1).all()  # the context is fine afterwards
+
+
+class KernelError(Exception):
+    pass
+
+
+def _raises_user_class(a):
+    if cuda.grid(1) == 0:
+        raise KernelError("mine")
+
+
+def test_a_user_exception_class_is_named_by_module_and_qualname():
+    image = dg.jit("void(float32[::1])", debug=True, opt=False)(_raises_user_class).images[0]
+    (code, name, args, _), = image.exceptions
+    assert name == f"{__name__}:KernelError" and args == ("mine",)
+    exc = device_exception(image, code, [0, 0, 0], [0, 0, 0])
+    assert type(exc) is KernelError and str(exc).endswith("tid=[0, 0, 0] ctaid=[0, 0, 0]: mine")
+
+
+def test_a_local_user_class_resolves_in_the_compiling_process():
+    class LocalError(Exception):
+        pass
+
+    def k(a):
+        if cuda.grid(1) == 0:
+            raise LocalError
+
+    image = dg.jit("void(float32[::1])", debug=True, opt=False)(k).images[0]
+    assert "<locals>" in image.exceptions[0][1]
+    exc = device_exception(image, image.exceptions[0][0], [0, 0, 0], [0, 0, 0])
+    assert type(exc) is LocalError and str(exc).endswith(", tid=[0, 0, 0] ctaid=[0, 0, 0]")
+
+
+@pytest.mark.parametrize("name", ["builtins:SystemExit", "builtins:KeyboardInterrupt",
+                                  "os:system", "not_imported_module_xyz:Error",
+                                  f"{__name__}:_raising"])
+def test_names_that_are_not_exception_classes_here_become_device_errors(name):
+    image = RAISING.images[0]
+    odd = image.__class__(**{**{f: getattr(image, f) for f in (
+        "name", "entry", "ptx", "args", "writes", "grid_ndim", "links", "options", "versions")},
+        "exceptions": ((1, name, ("boom",), None),)})
+    exc = device_exception(odd, 1, [0, 0, 0], [0, 0, 0])
+    assert type(exc) is dg.DeviceError
+    assert str(exc) == f"tid=[0, 0, 0] ctaid=[0, 0, 0]: {name.replace(':', '.')}: boom"
+
+
+def test_a_user_class_survives_a_bundle(tmp_path):
+    k = dg.jit("void(float32[::1])", debug=True, opt=False)(_raises_user_class)
+    dg.save(k, tmp_path / "u.dgk")
+    image = dg.load(tmp_path / "u.dgk").images[0]
+    assert type(device_exception(image, image.exceptions[0][0], [0] * 3, [0] * 3)) is KernelError
