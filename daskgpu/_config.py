@@ -126,6 +126,7 @@ SETTINGS = {
     "pinned-output-bytes": _bytes(0),
     "pipeline-min-bytes": _bytes(0),
     "device-pool-bytes": _bytes(0),
+    "fuse-chains": _bool,
     "bundle-key": _optional_key,
 }
 

@@ -424,6 +424,7 @@ def bench_chain(size_bytes: int = 1 << 30, chunk_bytes: int = 64 << 20) -> list:
     Also the single map on inputs that are already page-locked: the outputs of
     an earlier map_kernel, which go to the GPU by DMA without the copy threads.
     """
+    import dask
     import dask.array as da
 
     import daskgpu as dg
@@ -442,13 +443,18 @@ def bench_chain(size_bytes: int = 1 << 30, chunk_bytes: int = 64 << 20) -> list:
     def chain():
         return _wait_persisted(saxpy(saxpy(x, y), y))
 
+    def unfused_chain():
+        with dask.config.set({"daskgpu.fuse-chains": False}):
+            return _wait_persisted(saxpy(saxpy(x, y), y))
+
     def numba_chain():
         first = da.map_blocks(_numba_chunk, x, y, dtype=np.float32, name=_unique("numba"))
         return _wait_persisted(
             da.map_blocks(_numba_chunk, first, y, dtype=np.float32, name=_unique("numba")))
 
-    single(), chain(), numba_chain()  # warm
+    single(), chain(), unfused_chain(), numba_chain()  # warm
     one_t, chain_t, nb_t = _timed(single), _timed(chain), _timed(numba_chain)
+    unfused_t = _timed(unfused_chain)
     got = chain()[:1000].compute()
     x0, y0 = x[:1000].compute(), y[:1000].compute()
     np.testing.assert_allclose(got, 2 * (2 * x0 + y0) + y0, rtol=1e-6)
@@ -459,21 +465,52 @@ def bench_chain(size_bytes: int = 1 << 30, chunk_bytes: int = 64 << 20) -> list:
                                        x, zeros, name=_unique("copy")))
     yp = _wait_persisted(dg.map_kernel(k.saxpy, dg.Out(np.float32, like=y), np.float32(1),
                                        y, zeros, name=_unique("copy")))
+    locked = client.run(_page_locked_chunks, xp.name, yp.name)
 
     def pinned_inputs():
         return _wait_persisted(saxpy(xp, yp))
 
-    pinned_inputs()
+    def noop():
+        return _wait_persisted(
+            da.map_blocks(_noop_chunk, xp, yp, dtype=np.float32, name=_unique("noop")))
+
+    pinned_inputs(), noop()
+    before = client.run(host_copy_counters)
     locked_t = _timed(pinned_inputs)
+    after = client.run(host_copy_counters)
+    busy = max(after[w][0] - before[w][0] for w in after)
+    noop_t = _timed(noop)
     limit = client.submit(pinned_copy_seconds, 2 * size_bytes, size_bytes, pure=False).result()
     what = f"2 chained map_kernels, 3 x {size_bytes >> 20} MiB host, {chunk_bytes >> 20} MiB chunks"
+    locked_chunks, all_chunks = np.sum(list(locked.values()), axis=0)
     return [
         _ratio(what, chain_t, one_t, "s", "the single map_kernel", goal=1.25),
         _ratio(what, chain_t, nb_t, "s", "the same chain of da.map_blocks + Numba"),
-        _ratio(f"map_kernel saxpy on page-locked inputs (earlier map_kernel outputs)",
+        _ratio("  the same chain unfused (daskgpu.fuse-chains false)", unfused_t, one_t, "s",
+               "the single map_kernel"),
+        _ratio("map_kernel saxpy on page-locked inputs (earlier map_kernel outputs)",
                locked_t, [limit], "s", "pinned H2D+D2H copy limit of these bytes",
                goal=round(1 / 0.85, 2)),
+        # What the scheduling alone costs on those chunks, against the same limit.
+        _ratio("  Dask's floor: a no-op map_blocks on those chunks", noop_t, [limit], "s",
+               "pinned H2D+D2H copy limit of these bytes"),
+        # Near 0: page-locked inputs went by DMA, not through the copy threads.
+        _ratio("  copy threads' busy time, per thread, during those runs", [busy],
+               [sum(locked_t)], "s", "the runs' wall time"),
+        _ratio("  input chunks that are page-locked", [locked_chunks], [all_chunks], "",
+               "input chunks"),
     ]
+
+
+def _page_locked_chunks(*names, dask_worker=None) -> tuple:
+    """On a worker: how many of its chunks of arrays ``names`` are page-locked, of all."""
+    from daskgpu._runtime import device
+    from daskgpu._runtime.pinned_arrays import is_page_locked
+
+    device.current()  # the thread client.run uses may have no context yet
+    chunks = [v for k, v in dask_worker.data.items()
+              if isinstance(k, tuple) and k[0] in names and isinstance(v, np.ndarray)]
+    return sum(bool(is_page_locked(c)) for c in chunks), len(chunks)
 
 
 def bench_host_copies(chunk_bytes: int = 64 << 20, repeat: int = 5) -> list:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import operator
 import sys
+import threading
 from contextlib import nullcontext
 from numbers import Integral, Number
 
@@ -202,7 +203,10 @@ class Out:
         """A dask array of this shape and chunks that costs no memory per chunk."""
         import dask.array as da
 
-        return da.broadcast_to(np.zeros((), np.bool_), self.shape, chunks=self.chunks)
+        # Only its chunks are read (to align them): a graph without tasks
+        # costs a fraction of da.broadcast_to's (0.16 against 0.03 ms here).
+        return da.Array({}, "daskgpu-out-placeholder", self.chunks,
+                        meta=np.empty((0,) * len(self.shape), np.bool_))
 
     def __dask_tokenize__(self):
         from dask.base import tokenize
@@ -305,6 +309,17 @@ class _ChunkLaunch:
         return tuple(out)
 
     def __call__(self, *values, block_id):
+        results = self.run(values, block_id)
+        return results[0] if len(results) == 1 else results
+
+    def run(self, values, block_id, chain=None, keep=False):
+        """Launch on one chunk; return the returned parameters, as a tuple.
+
+        ``chain`` is the :class:`~daskgpu._runtime.staging.DeviceChain` of a
+        fused task (see :class:`_Fused`), or None: with it, host chunks go to
+        the device through the chain, once per task, and with ``keep`` the
+        outputs stay there, as intermediates of the chain.
+        """
         # A lone per-chunk result's block ids also count its own new axes.
         block_id = block_id[:len(self.chunks)]
         block = tuple(c[b] for c, b in zip(self.chunks, block_id))
@@ -317,18 +332,28 @@ class _ChunkLaunch:
             if kind == OFFSET:
                 args.append(offsets[a])
             elif kind == OUT:
-                args.append(_fresh(xp, block, a, b, 0))
+                if chain is not None and keep:
+                    args.append(chain.zeros(block, a, "F" if b == "F" else "C"))
+                else:
+                    args.append(_fresh(xp, block, a, b, 0))
             elif kind == PER_CHUNK:
                 args.append(_fresh(xp, a[1], a[0], b, a[2]))
             elif kind == RANDOM:
                 args.append(self._states(a, b, block_id, shape))
             else:
-                args.append(_prepared(kind, a, b, next(it), xp))
+                value = next(it)
+                if kind == CHUNK and chain is not None and not b:
+                    # An intermediate of the chain is already on the device.
+                    if isinstance(value, np.ndarray):
+                        value = chain.to_device(_prepared(kind, a, b, value, xp))
+                    args.append(value)
+                else:
+                    args.append(_prepared(kind, a, b, value, xp))
         size = math.prod(shape)
         if size:
             ntasks = size if self.rank == 1 else tuple(shape)
             try:
-                self.kernel.forall(ntasks, self.tpb)(*args)
+                self._launch(ntasks, chain)(*args)
             except Exception as exc:
                 if hasattr(exc, "add_note"):
                     exc.add_note(
@@ -338,12 +363,23 @@ class _ChunkLaunch:
                     )
                 raise
         lead = (1,) * len(block)  # a per-chunk output is one block of the result
-        results = tuple(
+        return tuple(
             _unwrap(args[i]).reshape(lead + self.params[i][1][1])
             if self.params[i][0] == PER_CHUNK else _unwrap(args[i])
             for i in self.returns
         )
-        return results[0] if len(results) == 1 else results
+
+    def _launch(self, ntasks, chain):
+        """The Launch for ``ntasks``: one per worker process and shape, kept across tasks.
+
+        Every task unpickles its own PTXKernel, whose Launch (and its fast
+        path on device arrays) would otherwise be made afresh per chunk.
+        """
+        if chain is not None:  # the chain's stream: not cached
+            return self.kernel.forall(ntasks, self.tpb, stream=chain.handle)
+        image = self.kernel.images[0]
+        key = (image.hash, image.py_func is not None, ntasks, self.tpb)
+        return launches.get(key, lambda: self.kernel.forall(ntasks, self.tpb))
 
     def _taking(self):
         """The parameters that take a task argument, in order."""
@@ -357,6 +393,95 @@ class _ChunkLaunch:
         strides = tuple(math.prod(full[ax + 1:]) for ax in range(len(full)))
         base = sum(self.starts[ax][b] * st for ax, (b, st) in enumerate(zip(block_id, strides)))
         return build(seed, base, tuple(shape), strides, builder)
+
+
+class _LaunchCache:
+    """Launches of map_kernel tasks, keyed by (image hash, simulated, ntasks, tpb).
+
+    Bounded by ``size``; a full cache starts afresh, which, unlike evicting
+    one entry, is safe while other threads use the launches it held.
+    """
+
+    def __init__(self, size: int = 256):
+        self.size = size
+        self._launches = {}
+        self._lock = threading.Lock()
+
+    def get(self, key, make):
+        launch = self._launches.get(key)
+        if launch is None:
+            launch = make()
+            with self._lock:
+                if len(self._launches) >= self.size:
+                    self._launches.clear()
+                self._launches[key] = launch
+        return launch
+
+    def clear(self) -> None:
+        with self._lock:
+            self._launches.clear()
+
+
+#: This process's launches of map_kernel tasks (worker side).
+launches = _LaunchCache()
+
+
+class _Fused:
+    """Two launches over the same chunks in one task: ``second`` reads ``first``'s output.
+
+    ``first`` takes ``count`` of the task's values from position ``slot`` on;
+    its one result takes their place among ``second``'s. On host chunks the
+    intermediate stays on the GPU and every host input crosses PCIe once
+    (a :class:`~daskgpu._runtime.staging.DeviceChain`); on CuPy chunks, and in
+    the simulator, the launches simply follow each other.
+    """
+
+    __slots__ = ("first", "second", "slot", "count")
+
+    def __init__(self, first, second, slot: int, count: int):
+        self.first, self.second, self.slot, self.count = first, second, slot, count
+
+    def __reduce__(self):
+        return _Fused, (self.first, self.second, self.slot, self.count)
+
+    def __repr__(self):
+        return f"<map_kernel fused chunk launch of {self.__name__}>"
+
+    @property
+    def __name__(self):
+        return f"{self.first.__name__}+{self.second.__name__}"
+
+    @property
+    def kernel(self):  # the last launch's, for the names of errors and tasks
+        return self.second.kernel
+
+    @property
+    def cupy(self):
+        return self.first.cupy or self.second.cupy
+
+    def __call__(self, *values, block_id):
+        chain = None
+        if not (self.cupy or self._simulated() or any(_is_cupy(v) for v in values)):
+            from daskgpu._runtime.launcher import stager
+            from daskgpu._runtime.staging import DeviceChain
+
+            chain = DeviceChain(stager)
+        try:
+            results = self.run(values, block_id, chain)
+        finally:
+            if chain is not None:
+                chain.free()
+        return results[0] if len(results) == 1 else results
+
+    def _simulated(self) -> bool:
+        # A process builds all its images simulated or all for the GPU.
+        return self.kernel.images[0].py_func is not None
+
+    def run(self, values, block_id, chain=None, keep=False):
+        end = self.slot + self.count
+        (middle,) = self.first.run(values[self.slot:end], block_id, chain, keep=True)
+        rest = values[:self.slot] + (middle,) + values[end:]
+        return self.second.run(rest, block_id, chain, keep)
 
 
 def _fresh(xp, shape, dtype, layout, fill):
@@ -395,6 +520,40 @@ def workers_info(client) -> dict:
     return info.get("workers", {})
 
 
+class _GPUClusters:
+    """Scheduler addresses whose workers were seen offering a ``GPU`` resource.
+
+    Deciding the annotation asks the scheduler for its workers, a round trip
+    of a few milliseconds on every ``map_kernel`` call; once a cluster has
+    shown GPU workers, its graphs are annotated without asking again (if they
+    all leave, annotated tasks wait for one to come back, where plain tasks
+    would fail on a worker without a GPU). A cluster seen without any is asked
+    again next time, since GPU workers may join it. Bounded by ``size``.
+    """
+
+    def __init__(self, size: int = 64):
+        self.size = size
+        self._seen = set()
+        self._lock = threading.Lock()
+
+    def __contains__(self, address) -> bool:
+        return address in self._seen
+
+    def add(self, address) -> None:
+        with self._lock:
+            if len(self._seen) >= self.size:
+                self._seen.clear()
+            self._seen.add(address)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._seen.clear()
+
+
+#: Clusters known to offer GPUs, by scheduler address (client side).
+gpu_clusters = _GPUClusters()
+
+
 def _gpu_annotation():
     """``dask.annotate(resources={"GPU": 1})`` when the current cluster offers GPUs."""
     import dask
@@ -407,10 +566,14 @@ def _gpu_annotation():
         client = get_client()
         if client.asynchronous:  # its cached scheduler info lists no workers
             return nullcontext()
+        address = client.scheduler.address
+        if address in gpu_clusters:
+            return dask.annotate(resources={"GPU": 1})
         workers = workers_info(client)
     except Exception:  # no client, or it is gone: build the plain graph
         return nullcontext()
     if any((w.get("resources") or {}).get("GPU") for w in workers.values()):
+        gpu_clusters.add(address)
         return dask.annotate(resources={"GPU": 1})
     return nullcontext()
 
@@ -820,6 +983,8 @@ def _build_graph(ship, roles, arrays, ndim, params, returns, *, rank, tpb, depth
             task_args.append(blocks[value])
         elif kind in (WHOLE, VALUE):
             task_args.append(value)
+    if not any(halo) and _config.flag("fuse-chains", True):
+        fn, task_args = _fuse(fn, task_args, roles, arrays, blocks, params, ndim, block_chunks)
 
     meta_of = (lambda dt, nd: meta_from_array(base, nd, dt)) if base is not None else (
         lambda dt, nd: np.empty((0,) * nd, dtype=dt))
@@ -841,7 +1006,43 @@ def _build_graph(ship, roles, arrays, ndim, params, returns, *, rank, tpb, depth
             ]
     if trim is not None:
         results = [trim_internal(r, *trim) for r in results]
+    elif len(returns) == 1 and params[returns[0][0]][0] == OUT:
+        # A later map_kernel over this result may fuse its launches with these.
+        results[0]._daskgpu_chain = (fn, tuple(task_args), params[returns[0][0]][2])
     return results[0] if len(results) == 1 else tuple(results)
+
+
+def _fuse(fn, task_args, roles, arrays, blocks, params, ndim, block_chunks):
+    """Fuse the launches of earlier map_kernels whose outputs this one reads.
+
+    An input qualifies when it is the very array an earlier ``map_kernel``
+    returned, as its one aligned output without halos, read here unchanged
+    (same chunks, no halo, not written, a compatible layout) and only once.
+    Its task then runs that ``map_kernel``'s launch first, in the same task,
+    on that one's own inputs: the intermediate chunk exists only there (on
+    the GPU for host chunks), and the earlier array's tasks are not in this
+    graph. If it is also computed on its own, its launches run twice, with
+    equal results; set ``daskgpu.fuse-chains`` to false to keep them apart.
+    """
+    found, pos, index = [], 0, 0
+    names = [arrays[v].name for kind, v in roles if kind == CHUNK]
+    for kind, value in roles:
+        if kind == CHUNK:
+            a = arrays[value]
+            link = getattr(a, "_daskgpu_chain", None)
+            _, layout, written = params[index]
+            if (link is not None and not written and names.count(a.name) == 1
+                    and blocks[value].name == a.name and a.ndim == ndim
+                    and a.chunks == block_chunks
+                    and (layout == "A" or (layout == "F") == (link[2] == "F"))):
+                found.append((pos, link))
+        if kind in (CHUNK, WHOLE, VALUE):
+            pos += 1
+        index += ndim if kind == OFFSET else 1
+    for pos, (first, first_args, _) in reversed(found):  # later slots first: earlier ones stay put
+        fn = _Fused(first, fn, pos, len(first_args))
+        task_args = task_args[:pos] + list(first_args) + task_args[pos + 1:]
+    return fn, task_args
 
 
 def _block_layout(block_chunks, per_chunk):

@@ -10,10 +10,14 @@ copies and transfers overlap. Slots come from a :class:`PinnedPool` bounded by
 A slot goes back to the pool as soon as its transfer is queued, with the event
 of that transfer: whoever takes it next waits for the event before touching
 it, so a launch's next input starts while the last one is still in flight.
+
+:class:`DeviceChain` keeps the inputs and intermediates of launches fused
+into one task on the device, as :class:`DeviceView` arrays.
 """
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections import deque
@@ -22,7 +26,10 @@ from concurrent.futures import ThreadPoolExecutor, wait
 import numpy as np
 from cuda.bindings import driver
 
+from daskgpu import _config
+from daskgpu._runtime import device as _device
 from daskgpu._runtime._cuda import check
+from daskgpu._runtime.pinned_arrays import is_page_locked
 
 
 class PinnedSlot:
@@ -200,3 +207,111 @@ class Stager:
     def _drain(self, slot, dst, size):
         check(driver.cuEventSynchronize(slot.event), "cuEventSynchronize")
         self._copy(dst, slot.array[:size])
+
+
+class DeviceView:
+    """A device allocation seen as an array through ``__cuda_array_interface__``.
+
+    It does not own its memory: the :class:`DeviceChain` that made it frees
+    it, after the last launch queued on it.
+    """
+
+    __slots__ = ("ptr", "shape", "dtype", "strides", "__weakref__")
+
+    def __init__(self, ptr: int, shape: tuple, dtype, order: str = "C"):
+        self.ptr, self.shape, self.dtype = int(ptr), tuple(shape), np.dtype(dtype)
+        self.strides = _strides(self.shape, self.dtype.itemsize, order)
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return self.size * self.dtype.itemsize
+
+    @property
+    def __cuda_array_interface__(self) -> dict:
+        # No stream: the chain queues every use on the one stream that made it.
+        return {"shape": self.shape, "typestr": self.dtype.str, "descr": self.dtype.descr,
+                "data": (self.ptr, False), "strides": self.strides, "version": 3,
+                "stream": None}
+
+    def __repr__(self):
+        return f"<DeviceView {self.dtype} {self.shape} at {self.ptr:#x}>"
+
+
+def _strides(shape, itemsize, order):
+    strides, step = [], itemsize
+    axes = range(len(shape)) if order == "F" else reversed(range(len(shape)))
+    for ax in axes:
+        strides.append(step)
+        step *= max(shape[ax], 1)
+    return tuple(strides) if order == "F" else tuple(reversed(strides))
+
+
+class DeviceChain:
+    """The device copies and intermediates of one fused task, freed by :meth:`free`.
+
+    When ``map_kernel`` fuses consecutive launches over the same chunks, the
+    intermediate chunks never leave the GPU: each host input is copied there
+    once, each intermediate output is allocated there, and all of it is freed
+    when the task ends. Everything runs on the calling thread's own stream, so
+    that two worker threads copy and compute concurrently, as unfused launches
+    on host chunks do.
+
+    Host arrays are copied to the device once each however many launches of
+    the chain read them (looked up by identity; the chain holds them, so an
+    identity cannot be reused while it lives).
+    """
+
+    def __init__(self, pipeline):
+        # pipeline() gives the process's Stager, made on first use.
+        self.pipeline = pipeline
+        _device.current()
+        self.stream = _device.thread_stream()
+        self.handle = int(self.stream)
+        self.min_pipelined = int(_config.get("pipeline-min-bytes"))
+        self._copies = {}  # id(host array) -> (host array, DeviceView)
+        self._allocations = []
+
+    def _allocate(self, nbytes: int) -> int:
+        dptr = check(driver.cuMemAllocAsync(max(nbytes, 1), self.stream), "cuMemAllocAsync")
+        self._allocations.append(dptr)
+        return int(dptr)
+
+    def to_device(self, host: np.ndarray) -> DeviceView:
+        """The device copy of contiguous host array ``host``, queued once per chain."""
+        known = self._copies.get(id(host))
+        if known is not None:
+            return known[1]
+        order = "F" if host.flags.f_contiguous and not host.flags.c_contiguous else "C"
+        view = DeviceView(self._allocate(host.nbytes), host.shape, host.dtype, order)
+        if host.nbytes:
+            if host.nbytes < self.min_pipelined or is_page_locked(host):
+                check(driver.cuMemcpyHtoDAsync(view.ptr, host.ctypes.data, host.nbytes,
+                                               self.stream), "cuMemcpyHtoDAsync")
+            else:
+                self.pipeline().to_device(view.ptr, host, self.stream)
+        self._copies[id(host)] = (host, view)
+        return view
+
+    def zeros(self, shape, dtype, order: str = "C") -> DeviceView:
+        """A zero-filled device array: an intermediate output of the chain."""
+        view = DeviceView(0, shape, dtype, order)
+        view.ptr = self._allocate(view.nbytes)
+        if view.nbytes:
+            check(driver.cuMemsetD8Async(view.ptr, 0, view.nbytes, self.stream),
+                  "cuMemsetD8Async")
+        return view
+
+    def free(self) -> None:
+        """Free the chain's device memory, in stream order after its last launch."""
+        # Unchecked: after a failed launch this runs while its error propagates,
+        # and a context that is gone has nothing left to free.
+        for dptr in self._allocations:
+            driver.cuMemFreeAsync(dptr, self.stream)
+        self._allocations.clear()
+        # The host sources of asynchronous copies may go once the copies are done.
+        driver.cuStreamSynchronize(self.stream)
+        self._copies.clear()
