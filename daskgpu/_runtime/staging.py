@@ -72,7 +72,9 @@ class PinnedPool:
             )
         self.slot_bytes = slot_bytes
         self.max_slots = max_bytes // slot_bytes
-        self._free: list = []
+        # Oldest given back first: their last transfers are the likeliest to
+        # be done, so a launch's next input need not wait on its previous one.
+        self._free = deque()
         self._made = 0
         self._cond = threading.Condition()
 
@@ -82,7 +84,7 @@ class PinnedPool:
         with self._cond:
             while len(self._free) + (self.max_slots - self._made) < n:
                 self._cond.wait()
-            slots = [self._free.pop() for _ in range(min(n, len(self._free)))]
+            slots = [self._free.popleft() for _ in range(min(n, len(self._free)))]
             while len(slots) < n:
                 slots.append(PinnedSlot(self.slot_bytes))
                 self._made += 1

@@ -101,3 +101,45 @@ def test_launches_from_threads_at_once_share_slots_safely():
                            range(8)))
     for k, out in enumerate(outs):
         np.testing.assert_array_equal(out, 2 * xs[k % 4])
+
+
+def test_pinned_pool_hands_out_the_oldest_returned_slots_first():
+    from daskgpu._runtime import device
+    from daskgpu._runtime.staging import PinnedPool
+
+    device.current()
+    pool = PinnedPool(1 << 20, 4 << 20)
+    first, second = pool.acquire(2), pool.acquire(2)
+    pool.release(first)
+    pool.release(second)
+    try:
+        assert pool.acquire(2) == first  # the ones whose transfers were queued earliest
+    finally:
+        pool.release(first)
+        pool.clear()
+    assert pool.allocated_bytes == 0
+
+
+def test_device_chain_copies_each_host_array_once_and_frees_everything():
+    from cuda.bindings import driver
+
+    from daskgpu._runtime import device
+    from daskgpu._runtime.launcher import stager
+    from daskgpu._runtime.staging import DeviceChain
+
+    device.current()
+    x = np.random.default_rng(4).random((64 << 20) // 4 + 7, dtype=np.float32)  # pipelined
+    small = np.arange(1000, dtype=np.float32)
+    chain = DeviceChain(stager)
+    dx = chain.to_device(x)
+    assert chain.to_device(x) is dx and chain.to_device(small) is not dx
+    mid = chain.zeros(x.shape, np.float32)
+    out = np.empty_like(x)
+    affine.forall(x.size, stream=chain.handle)(mid, dx)  # mid = 3x + 1, on the device
+    affine.forall(x.size, stream=chain.handle)(out, mid)  # out = 3 mid + 1, copied back
+    np.testing.assert_array_equal(out, (x * 3 + 1) * 3 + 1)
+    back = np.empty_like(small)
+    driver.cuMemcpyDtoH(back.ctypes.data, chain.to_device(small).ptr, small.nbytes)
+    np.testing.assert_array_equal(back, small)
+    chain.free()
+    assert not chain._allocations and not chain._copies
