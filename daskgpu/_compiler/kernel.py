@@ -120,7 +120,8 @@ class Kernel(LaunchAPI):
 
     def _select(self, args, infos=None):
         try:
-            return select_image(self.__name__, self.images, args, infos)
+            # A lazy kernel compiles for new types where an eager one casts, as in Numba.
+            return select_image(self.__name__, self.images, args, infos, unsafe=not self._lazy)
         except TypeError:
             if not self._lazy:
                 raise

@@ -74,7 +74,7 @@ class Launch:
     def __init__(self, kernel, config: LaunchConfig):
         self.kernel = kernel
         self.config = config
-        self._fast = None  # the runtime's DeviceLaunch for repeats of the last launch
+        self._fast = None  # the runtime's fast function for repeats of the last launch
 
     def __call__(self, *args):
         fast = self._fast
@@ -93,7 +93,9 @@ class Launch:
         if image.py_func is None and not _config.simulating() and image is self.kernel.images[0]:
             from daskgpu._runtime.launcher import device_launch
 
-            self._fast = device_launch(image, self.config, infos)
+            # A client kernel's images by signature grow as it compiles more.
+            images = getattr(self.kernel, "_images", None) or self.kernel.images
+            self._fast = device_launch(image, self.config, infos, args, images)
         return result
 
     def __reduce__(self):

@@ -13,7 +13,7 @@ from cuda.core import ObjectCode
 
 from daskgpu import _config
 from daskgpu._errors import DeviceError, LaunchConfigError
-from daskgpu._image.argspec import _READERS, Zeroed, _has_layout, _read_cai, array_info
+from daskgpu._image.argspec import _READERS, Zeroed, _read_cai, _read_cupy, array_info
 from daskgpu._runtime import device as _device
 from daskgpu._runtime._cuda import (
     _SUCCESS,
@@ -25,7 +25,14 @@ from daskgpu._runtime._cuda import (
 from daskgpu._runtime.cache import DiskCache, ModuleCache
 from daskgpu._runtime.faults import device_exception, replace_worker_process
 from daskgpu._runtime.linking import link_cubin
-from daskgpu._runtime.marshal import ParamLayout, flatten
+from daskgpu._runtime.marshal import (
+    FastFactories,
+    ParamLayout,
+    fast_constants,
+    fast_source,
+    fast_struct,
+    flatten,
+)
 from daskgpu._runtime.pinned_arrays import PinnedArrays, is_page_locked
 from daskgpu._runtime.staging import PinnedPool, Stager
 
@@ -524,76 +531,27 @@ def _flatten_tuple(spec, value, staging, written, values):
             flatten(member, item, values)
 
 
-class DeviceLaunch:
-    """A repeat launch of one image with one configuration, on device arrays only.
-
-    Made from a launch that took the general path of :func:`run`, it keeps
-    what that path looked up (the device, the linked kernel, the checked grid
-    and block) and does, in one pass over the arguments, only what depends on
-    them: match each against its spec and pack its fields. Anything it does not
-    cover (host arrays, another thread's device, arguments that do not match)
-    returns ``NotImplemented``, and the caller takes the general path.
-    """
-
-    __slots__ = ("state", "kernel", "function", "dims", "layout", "checks", "writes", "name")
-
-    def __init__(self, image, kernel: LinkedKernel, state, griddim, blockdim, sharedmem):
-        # Holding the LinkedKernel keeps its module loaded, even once evicted
-        # from the module cache.
-        self.state, self.kernel = state, kernel
-        self.function, self.layout = kernel.function, kernel.layout
-        self.dims = (*griddim, *blockdim, sharedmem)
-        # Per parameter: an array's (dtype, ndim, layout), or the scalar's spec.
-        self.checks = tuple(
-            (spec.np_dtype, spec.ndim, spec.layout) if spec.is_array else spec
-            for spec in image.args
-        )
-        self.writes, self.name = image.writes, image.name
-
-    def __call__(self, args):
-        if len(args) != len(self.checks) or _device.current() is not self.state:
-            return NotImplemented
-        values = []
-        for value, check in zip(args, self.checks):
-            if type(check) is tuple:
-                reader = _READERS.get(type(value))  # numpy arrays are not in it: a miss
-                info = reader(value) if reader is not None else None
-                if info is None or info[3] is None:
-                    return NotImplemented
-                if reader is _read_cai:
-                    sync_producer_stream(value, _DEFAULT_STREAM)
-                dtype, shape, strides, ptr = info
-                want, ndim, layout = check
-                itemsize = want.itemsize
-                if (dtype is not want and dtype != want) or len(shape) != ndim or not (
-                    layout == "A" or _has_layout(shape, strides, itemsize, layout)
-                ):
-                    return NotImplemented
-                values += (0, 0, math.prod(shape), itemsize, ptr, *shape, *strides)
-            elif check.matches(None, value):
-                flatten(check, value, values)
-            else:
-                return NotImplemented
-        err = _cuLaunchKernel(
-            self.function, *self.dims, _DEFAULT_STREAM, self.layout.pack(values), 0
-        )[0]
-        if err != _SUCCESS:
-            exc = CUDAError(err, f"launching kernel {self.name!r}")
-            if exc.sticky:
-                replace_worker_process(exc)
-            raise exc
-        writes = self.writes  # device arrays only here: nothing to unwrap
-        if len(writes) == 1:
-            return args[writes[0]]
-        return tuple(args[i] for i in writes) if writes else None
+#: Factories of the repeat-launch functions, one per shape of signature.
+fast_factories = FastFactories()
 
 
-def device_launch(image, config, infos) -> DeviceLaunch | None:
-    """A :class:`DeviceLaunch` repeating this launch, or None when it would not apply.
+def device_launch(image, config, infos, args=(), images=()):
+    """A function repeating this launch on new arguments, or None when it would not apply.
 
     It applies to launches on the legacy default stream whose arrays are all
     on the device, of kernels compiled without ``debug``; call it after
-    :func:`run` succeeded, so the configuration has been checked.
+    :func:`run` succeeded, so the configuration has been checked. It keeps
+    what that launch looked up (the device, the linked kernel, the checked
+    grid and block) and per call only matches and packs the arguments (see
+    :func:`~daskgpu._runtime.marshal.fast_source`). Anything it does not cover
+    (host arrays, another thread's device, arguments that do not match)
+    returns ``NotImplemented``, and the caller takes the general path.
+    ``args`` are this launch's: a CuPy or Numba device array among them makes
+    the function read that type's attributes directly instead of its
+    interface dictionary. ``images`` is the container of the kernel's images
+    (it may grow as a client kernel compiles): with one, the function takes
+    what ``image``'s specs match while there is one; else only arguments that
+    need no conversion, for which select_image picks its first image, ``image``.
     """
     if config.stream or any(info is not None and info[3] is None for info in infos):
         return None
@@ -606,8 +564,75 @@ def device_launch(image, config, infos) -> DeviceLaunch | None:
     kernel = linked(image, state)
     if kernel.errcode is not None or kernel.cooperative:
         return None
+    exact = len(images) != 1
+    if exact and any(spec.is_array and spec.layout == "A" and spec.ndim > 1
+                     for spec in image.args):
+        return None  # select_image counts these as a conversion: another image may win
     griddim, blockdim = kernel.dims(config, state, image.name)
-    return DeviceLaunch(image, kernel, state, griddim, blockdim, config.sharedmem)
+    make = fast_factories.get(fast_source(image.args, image.writes, exact))
+    layout = kernel.layout
+    return make(
+        # Holding the LinkedKernel keeps its module loaded, even once evicted
+        # from the module cache.
+        kernel=kernel, state=state, device_thread=_device._thread,
+        local=threading.local(), layout=layout, buffers=lambda: layout.buffers()[::2],
+        pack_into=fast_struct(image.args).pack_into, launch=_cuLaunchKernel,
+        function=kernel.function, stream=_DEFAULT_STREAM,
+        g0=griddim[0], g1=griddim[1], g2=griddim[2],
+        b0=blockdim[0], b1=blockdim[1], b2=blockdim[2], shm=config.sharedmem,
+        name=image.name, images=images, CUPY=_cupy_type(args), NUMBA=_numba_type(args),
+        device_info=_device_info, sync_producer=_sync_producer,
+        failed=_launch_failed, SUCCESS=_SUCCESS, **fast_constants(image.args, exact),
+    )
+
+
+class _NoType:
+    """The type of no argument: the CuPy branch of a function bound without CuPy."""
+
+
+def _cupy_type(args):
+    for a in args:
+        if _READERS.get(type(a)) is _read_cupy:
+            return type(a)
+    return _NoType
+
+
+def _numba_type(args):
+    # Known by name: the worker half never imports numba. Subclasses (mapped,
+    # managed arrays) go through their interface.
+    for a in args:
+        cls = type(a)
+        if cls.__name__ == "DeviceNDArray" and cls.__module__ == "numba.cuda.cudadrv.devicearray":
+            return cls
+    return _NoType
+
+
+def _sync_producer(value):
+    sync_producer_stream(value, _DEFAULT_STREAM)
+
+
+def _device_info(value):
+    """``(dtype, shape, strides, pointer)`` of a device array, else None.
+
+    The producer stream that the array's CUDA array interface names is waited
+    for, as on the general path.
+    """
+    reader = _READERS.get(type(value))
+    if reader is None:  # numpy arrays, and types not seen yet: the general path
+        return None
+    info = reader(value)
+    if info is None or info[3] is None:
+        return None
+    if reader is _read_cai:
+        sync_producer_stream(value, _DEFAULT_STREAM)
+    return info
+
+
+def _launch_failed(err, name):
+    exc = CUDAError(err, f"launching kernel {name!r}")
+    if exc.sticky:
+        replace_worker_process(exc)
+    raise exc
 
 
 def _read_int(dptr) -> int:

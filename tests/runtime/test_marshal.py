@@ -232,3 +232,16 @@ def test_mixed_arguments_pack_in_order():
     got2 = packed_params(layout, values2, layout_sizes(layout))
     assert got2[0] == numba_scalar_bytes(types.int8, 7)[0]
     assert got2[-1] == numba_scalar_bytes(types.float64, -1.0)[0]
+
+
+@pytest.mark.parametrize("dtype,value", [("int32", 0xFFFFFFFF), ("int32", 0x80000000),
+                                         ("uint8", -1), ("int16", 2**20 + 5), ("int64", 2**64 - 3),
+                                         ("uint32", -(2**31))])
+def test_an_integer_out_of_range_wraps_as_numbas_ctypes_cast(dtype, value):
+    spec = ArgSpec("scalar", dtype)
+    layout = ParamLayout([spec, ArgSpec("scalar", "float32")])
+    values = []
+    flatten(spec, value, values)
+    flatten(ArgSpec("scalar", "float32"), 0.5, values)
+    got = packed_params(layout, values, layout_sizes(layout))
+    assert got == numba_scalar_bytes(numba_type(spec), value) + numba_scalar_bytes(types.float32, 0.5)
