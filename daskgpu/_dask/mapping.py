@@ -488,6 +488,8 @@ def _fresh(xp, shape, dtype, layout, fill):
     """A new output of ``shape`` filled with ``fill``; NumPy zeros are filled on the GPU."""
     order = "F" if layout == "F" else "C"
     if xp is not np:
+        if fill == 0:  # a memset, not a fill kernel
+            return xp.zeros(shape, dtype=dtype, order=order)
         return xp.full(shape, fill, dtype=dtype, order=order)
     if fill == 0:
         # Zero-filled on the GPU by the launch, not copied there.
