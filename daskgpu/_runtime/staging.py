@@ -144,8 +144,18 @@ class Stager:
         with self._busy_lock:  # += from several threads would lose updates
             self._busy += took
 
+    #: The smallest piece a copy is cut into, where a DMA still runs at full speed.
+    MIN_PIECE = 1 << 20
+
     def _pieces(self, nbytes):
-        step = self.pool.slot_bytes
+        """``(offset, size)`` pieces of a copy: at most a slot each, and enough for every thread.
+
+        A 16 MiB chunk in 8 MiB slots would keep two of eight threads busy;
+        cut in eight pieces of 2 MiB, it keeps them all busy. Pieces are whole
+        pages, but the last.
+        """
+        share = -(-nbytes // min(self.threads, self.ring))
+        step = min(self.pool.slot_bytes, max(self.MIN_PIECE, -(-share // 4096) * 4096))
         return [(off, min(step, nbytes - off)) for off in range(0, nbytes, step)]
 
     def to_device(self, dptr: int, host: np.ndarray, stream) -> None:
