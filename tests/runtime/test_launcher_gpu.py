@@ -235,3 +235,28 @@ def test_host_array_larger_than_free_device_memory_is_refused_with_the_sizes():
         driver.cuMemFree(hog)
     assert saxpy.forall(16)(out, np.float32(2), x[:16], x[:16]) is out  # the worker goes on
     np.testing.assert_array_equal(out, 3)
+
+
+def test_repeated_launches_on_numba_device_arrays_take_the_fast_path():
+    launch = saxpy[4, 256]
+    x = cuda.to_device(np.arange(1000, dtype=np.float32))
+    out = cuda.device_array(1000, np.float32)
+    assert launch(out, np.float32(2), x, x) is out
+    assert launch._fast is not None
+    stream = cuda.stream()
+    for a in (3, 4):
+        # A fresh array each time, one of them bound to a stream that wrote it.
+        y = cuda.to_device(np.full(1000, a, np.float32), stream=stream)
+        out2 = cuda.device_array(1000, np.float32)
+        assert launch(out2, np.float32(a), x, y) is out2
+        np.testing.assert_array_equal(out2.copy_to_host(), a * np.arange(1000) + a)
+    assert launch._fast is not None
+
+
+def test_fast_path_of_several_signatures_launches_the_one_select_image_picks():
+    cp = pytest.importorskip("cupy")
+    launch = saxpy2[4, 256]
+    x = cp.arange(1000, dtype=cp.float32)
+    for a in (np.float32(2), 2.0, 3, np.float32(4)):  # exact, then a float and an int cast
+        out = launch(cp.empty_like(x), a, x, x)
+        cp.testing.assert_array_equal(out, np.float32(a) * x + x)
