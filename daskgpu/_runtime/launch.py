@@ -10,7 +10,9 @@ import numpy as np
 
 from daskgpu import _config
 from daskgpu._errors import LaunchConfigError, PicklingError
-from daskgpu._image.argspec import Zeroed, array_info, describe, mismatch, signature_str
+from daskgpu._image.argspec import (
+    Zeroed, _has_layout, array_info, describe, mismatch, signature_str,
+)
 from daskgpu._image.config import LaunchConfig
 from daskgpu._image.random_states import RandomStates
 
@@ -222,10 +224,18 @@ class LaunchAPI:
         return written_result(args, image.writes)
 
 
-def select_image(name, images, args, infos=None):
-    """The first image whose argument specs accept ``args``; else ``TypeError``.
+def select_image(name, images, args, infos=None, unsafe=True):
+    """The image that Numba's dispatcher would pick for ``args``; else ``TypeError``.
 
-    ``infos`` are the arguments' :func:`array_info`, when already read.
+    ``infos`` are the arguments' :func:`array_info`, when already read. As
+    Numba: an image that takes every argument as it is wins, the one needing
+    the fewest and least lossy conversions first (a Python float takes float64
+    over float32). With none, and ``unsafe`` (a kernel that cannot compile
+    more signatures: Numba's eager dispatchers, every kernel on a worker), an
+    image reached by unsafe casts is taken: integers of any width or sign
+    wrap as C casts do, and an integer array is read as the signature's
+    integer dtype of the same size (numba-cuda's single-signature kernels
+    pass arrays unchecked; daskgpu reinterprets nothing else).
     """
     if infos is None:
         infos = [array_info(a) for a in args]
@@ -237,13 +247,22 @@ def select_image(name, images, args, infos=None):
         ):
             if len(images) == 1:
                 return image
-            # As Numba: the signature needing the fewest and least lossy
-            # conversions wins (a Python float takes float64 over float32).
             cost = conversion_cost(specs, infos, args)
             if best is None or cost < best_cost:
                 best, best_cost = image, cost
                 if not any(cost):
                     break
+    if best is None and unsafe:
+        for image in images:
+            specs = image.args
+            if len(specs) == len(args) and all(
+                spec.matches(info, a) or _casts_unsafely(spec, info, a)
+                for spec, info, a in zip(specs, infos, args)
+            ):
+                cost = (sum(not spec.matches(info, a) for spec, info, a in zip(specs, infos, args)),
+                        conversion_cost(specs, infos, args))
+                if best is None or cost < best_cost:
+                    best, best_cost = image, cost
     if best is not None:
         return best
     received = "(" + ", ".join(describe(a) for a in args) + ")"
@@ -257,6 +276,31 @@ def select_image(name, images, args, infos=None):
         "or compile the signature on the client first: kernel.compile(sig) or "
         "kernel.specialize(*args)."
     )
+
+
+# What each parameter kind takes by an unsafe cast, as numba-cuda's ctypes
+# conversion of that value succeeds: Python and numpy numbers of these kinds.
+_UNSAFE_SOURCES = {"i": "biu", "u": "biu", "f": "biuf", "c": "biufc"}
+
+
+def _casts_unsafely(spec, info, value) -> bool:
+    """Whether ``value`` reaches ``spec`` by one of Numba's unsafe casts."""
+    want = spec.np_dtype if spec.kind in ("array", "scalar") else None
+    if spec.kind == "array":
+        return (info is not None and len(info[1]) == spec.ndim
+                and info[0].kind in "iu" and want.kind in "iu"
+                and info[0].itemsize == want.itemsize
+                and (spec.layout == "A" or _has_layout(info[1], info[2], info[0].itemsize,
+                                                       spec.layout)))
+    if spec.kind == "tuple":
+        members = spec.members
+        return info is None and isinstance(value, tuple) and len(value) == len(members) and all(
+            m.matches(array_info(v), v) or _casts_unsafely(m, array_info(v), v)
+            for m, v in zip(members, value))
+    if spec.kind != "scalar" or info is not None:
+        return False
+    have = _numba_scalar_dtype(value)
+    return have is not None and have.kind in _UNSAFE_SOURCES.get(want.kind, "")
 
 
 def conversion_cost(specs, infos, args) -> tuple:
