@@ -340,6 +340,10 @@ def _reader_for(cls):
 # How to read each argument type seen so far: one entry per Python type.
 _READERS: dict = {Zeroed: _read_zeroed}
 
+#: The readers of arrays whose interface may name a producer stream to wait for
+#: (CuPy's own attributes are read without it).
+_CAI_READERS = frozenset({_read_cai, _read_instance_cai})
+
 
 def c_strides(shape, itemsize):
     strides, step = [], itemsize

@@ -13,7 +13,9 @@ from cuda.core import ObjectCode
 
 from daskgpu import _config
 from daskgpu._errors import DeviceError, LaunchConfigError
-from daskgpu._image.argspec import _READERS, Zeroed, _read_cai, _read_cupy, array_info
+from daskgpu._image.argspec import (
+    _CAI_READERS, _READERS, Zeroed, _read_cupy, array_info,
+)
 from daskgpu._runtime import device as _device
 from daskgpu._runtime._cuda import (
     _SUCCESS,
@@ -459,7 +461,7 @@ def run(image, config, args, infos):
                 values += (0, 0, _nitems(shape), dtype.itemsize, ptr)
                 values += shape
                 values += strides
-                if _READERS.get(type(args[i])) is _read_cai:
+                if _READERS.get(type(args[i])) in _CAI_READERS:
                     sync_producer_stream(args[i], stream)
         params = kernel.layout.pack(values)
         if kernel.errcode is not None:
@@ -623,7 +625,7 @@ def _device_info(value):
     info = reader(value)
     if info is None or info[3] is None:
         return None
-    if reader is _read_cai:
+    if reader in _CAI_READERS:
         sync_producer_stream(value, _DEFAULT_STREAM)
     return info
 

@@ -100,3 +100,59 @@ def test_the_producer_stream_of_the_array_interface_is_honoured():
     out = shipped(dg.jit("void(float32[::1], float32)")(fill))[1, 32](
         _Foreign(cuda.to_device(np.zeros(10, np.float32), stream=s), int(s.handle)), 3.0)
     np.testing.assert_array_equal(out._keep.copy_to_host(), 3.0)
+
+
+@cuda.jit
+def _slow_fill(x):
+    # ~50 ms before the writes: a consumer that does not wait reads the zeros.
+    for _ in range(50):
+        cuda.nanosleep(1000000)
+    i = cuda.grid(1)
+    if i < x.size:
+        x[i] = i + 1
+
+
+def _plus_one(out, x):
+    i = cuda.grid(1)
+    if i < out.size:
+        out[i] = x[i] + 1
+
+
+class _Exported:
+    """A device array exported as libraries do: the interface as a class property."""
+
+    def __init__(self, array, stream):
+        self._cai = dict(array.__cuda_array_interface__, stream=stream)
+        self._keep = array
+
+    @property
+    def __cuda_array_interface__(self):
+        return self._cai
+
+
+@pytest.mark.parametrize("wrap", [_Foreign, _Exported])
+@pytest.mark.parametrize("repeats", [1, 3])
+def test_an_array_from_a_non_blocking_producer_stream_is_waited_for(repeats, wrap):
+    from cuda.bindings import driver
+
+    err, handle = driver.cuStreamCreate(driver.CUstream_flags.CU_STREAM_NON_BLOCKING)
+    assert err == driver.CUresult.CUDA_SUCCESS
+    try:
+        producer = cuda.external_stream(int(handle))
+        k = shipped(dg.jit("void(float32[::1], float32[::1])")(_plus_one))
+        launch = k.forall(4096)  # the same launch again takes the fast path
+        want = np.arange(1, 4097, dtype=np.float32) + 1
+        for _ in range(repeats):
+            x = cuda.device_array(4096, np.float32)
+            x[:] = 0
+            cuda.synchronize()
+            _slow_fill[16, 256, producer](x)
+            out = cuda.device_array(4096, np.float32)
+            # The default stream does not order itself after a non-blocking one:
+            # only the interface's "stream" says that x is still being written.
+            launch(out, wrap(x, int(handle)))
+            cuda.synchronize()
+            np.testing.assert_array_equal(out.copy_to_host(), want)
+    finally:
+        cuda.synchronize()
+        driver.cuStreamDestroy(handle)
