@@ -12,8 +12,9 @@ numba-cuda's installed tests (``--pyargs numba.cuda.tests.cudapy.test_x``).
 - ``--daskgpu-report PATH``: write each test's outcome, the reason of a
   failure, and how many launches went through daskgpu, as JSON.
 - ``--daskgpu-manifest PATH`` (with ``--daskgpu-route``): record each kernel
-  compiled (cloudpickled Python function and numba argument types), which
-  ``test_ci.py`` compiles again without a GPU.
+  compiled, as plain data (``kernel_refs.py``): where its function is defined,
+  its numba argument types and options. ``test_kernels_compile.py`` compiles
+  them again in CI, without a GPU.
 """
 
 from __future__ import annotations
@@ -172,6 +173,9 @@ class RoutedKernel:
                 # An eagerly compiled dispatcher launches its own signatures only
                 # (a Python int goes to its int32 one); a lazy one compiles per call.
                 eager = not d._can_compile
+                if eager:
+                    for argtypes in d.overloads:
+                        _record(d.py_func, argtypes, d.targetoptions)
                 self.__dict__["_dg"] = dg.kernel(d, signatures=list(d.overloads) if eager else [])
             k = self._dg
             if not k._lazy:
@@ -222,9 +226,12 @@ def _dims(d):
 def _record(py_func, argtypes, targetoptions):
     if _MANIFEST is None:
         return
-    _MANIFEST.append((py_func, argtypes, {k: targetoptions[k] for k in (
-        "fastmath", "debug", "lineinfo", "max_registers", "opt", "lto", "link")
-        if targetoptions.get(k) is not None}))
+    import kernel_refs
+
+    try:
+        _MANIFEST.append(kernel_refs.record(py_func, argtypes, targetoptions))
+    except Exception:  # argument types that do not pickle: counted as left out
+        _MANIFEST.append(None)
 
 
 # -- outcomes -----------------------------------------------------------------------------
@@ -297,13 +304,5 @@ def pytest_sessionfinish(session):
             json.dump(config._daskgpu_outcomes, f, indent=0, sort_keys=True)
     manifest = config.getoption("daskgpu_manifest")
     if manifest and _MANIFEST:
-        import cloudpickle
-
-        kept = []
-        for py_func, argtypes, options in _MANIFEST:
-            try:
-                kept.append(cloudpickle.dumps((py_func, argtypes, options)))
-            except Exception:  # unpicklable closure state: that kernel is left out
-                pass
         with open(manifest, "wb") as f:
-            pickle.dump(kept, f)
+            pickle.dump(_MANIFEST, f, protocol=4)

@@ -85,6 +85,24 @@ def main(argv=None):
     with open(os.path.join(args.outdir, "summary.json"), "w") as f:
         json.dump(summary, f, indent=1)
     print_summary(summary)
+    kernels = merge_manifests(args.outdir)
+    print(f"recorded {kernels} distinct kernel compiles in {args.outdir}/kernels.pkl.gz "
+          "(tests/conformance/ keeps a copy for the no-GPU CI check)", flush=True)
+
+
+def merge_manifests(outdir) -> int:
+    """The shards' kernel records in one file, each once, in a stable order."""
+    import gzip
+    import pickle
+
+    records = set()
+    for name in sorted(os.listdir(outdir)):
+        if name.startswith("manifest-") and name.endswith(".pkl"):
+            with open(os.path.join(outdir, name), "rb") as f:
+                records.update(r for r in pickle.load(f) if r is not None)
+    with gzip.open(os.path.join(outdir, "kernels.pkl.gz"), "wb", mtime=0) as f:
+        pickle.dump(sorted(records), f, protocol=4)
+    return len(records)
 
 
 def _load(outdir, prefix):

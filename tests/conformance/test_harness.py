@@ -74,3 +74,49 @@ def test_a_negative_forall_raises_numbas_value_error_when_made():
 
     with pytest.raises(ValueError, match="Can't create ForAll with negative task count"):
         harness.RoutedKernel(cuda.jit(axpy)).forall(-1)
+
+
+def _plus(x, k):
+    return x + k
+
+
+def test_kernel_records_rebuild_from_source_and_compile_without_a_gpu():
+    import kernel_refs
+
+    import daskgpu as dg
+
+    offset = 3
+    dev = cuda.jit(device=True)(_plus)
+
+    def local_kernel(out, x):
+        i = cuda.grid(1)
+        if i < out.size:
+            out[i] = dev(x[i], offset)
+
+    from numba.cuda import types
+
+    argtypes = (types.float32[::1], types.float32[::1])
+    entry = pickle.loads(kernel_refs.record(local_kernel, argtypes, {"fastmath": True}))
+    assert entry["function"]["freevars"].keys() == {"dev", "offset"}
+    assert entry["options"] == {"fastmath": True}
+    with kernel_refs.no_gpu_imports() as jit:
+        fn = kernel_refs.Rebuilder(jit).function(entry["function"])
+        assert fn is not local_kernel and fn.__code__.co_firstlineno == local_kernel.__code__.co_firstlineno
+        k = dg.kernel(jit(fn, **entry["options"]), signatures=[entry["argtypes"]])
+    (image,) = pickle.loads(pickle.dumps(k)).images
+    assert image.writes == (0,) and image.py_func is None
+    assert ("fastmath", True) in image.options
+
+
+def test_a_closure_over_process_state_is_recorded_as_unencodable():
+    import kernel_refs
+    from numba.cuda import types
+
+    lock = __import__("threading").Lock()
+
+    def k(out):
+        if lock:
+            out[0] = 1
+
+    entry = pickle.loads(kernel_refs.record(k, (types.int32[::1],), {}))
+    assert entry["function"] is None and "closure value" in entry["why"]

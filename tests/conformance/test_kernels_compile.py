@@ -1,0 +1,103 @@
+"""The conformance suite's part that runs without a GPU: every kernel it compiles.
+
+``kernels.pkl.gz`` holds each kernel that numba-cuda's tests (the modules of
+``run.py``) compiled through daskgpu on the GPU machine, as plain data
+(``kernel_refs.py``). Here each is rebuilt from the installed test modules'
+source, compiled for ``daskgpu.target-cc`` with no driver, pickled, and the
+pickles loaded in a fresh process where numba cannot be imported. A kernel
+that numba-cuda itself cannot compile without a GPU (``compile_ptx`` for the
+same cc fails too) is counted and left out; so is one whose function cannot
+be rebuilt from source here. Regenerate the file with ``run.py`` on the GPU
+machine (it writes ``OUTDIR/kernels.pkl.gz``) when the module list changes.
+"""
+
+from __future__ import annotations
+
+import gzip
+import os
+import pickle
+import subprocess
+import sys
+import time
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+MANIFEST = os.path.join(HERE, "kernels.pkl.gz")
+sys.path.insert(0, HERE)
+
+import kernel_refs  # noqa: E402
+
+
+def _records():
+    with gzip.open(MANIFEST, "rb") as f:
+        return [pickle.loads(r) for r in pickle.load(f)]
+
+
+def _compile_all(records):
+    import numba.cuda
+
+    import daskgpu as dg
+    from daskgpu import _config
+
+    counts = {"recorded": len(records), "compiled": 0, "not_rebuilt": 0,
+              "numba_cannot": 0}
+    lost, pickles = [], []
+    cc = tuple(int(p) for p in str(_config.get("target-cc")).split("."))
+    with kernel_refs.no_gpu_imports() as jit:
+        rebuild = kernel_refs.Rebuilder(jit)
+        for r in records:
+            where = f"{r['module']}:{r['qualname']}{r['argtypes']}"
+            try:
+                fn = rebuild.function(r["function"]) if r["function"] else None
+            except Exception:  # noqa: BLE001 - counted: the source moved, or a closure
+                fn = None
+            if fn is None:
+                counts["not_rebuilt"] += 1
+                continue
+            options = dict(r["options"])
+            if "link" in options:
+                options["link"] = [kernel_refs.local_path(p) for p in options["link"]]
+            try:
+                kernel = dg.kernel(jit(fn, **options), signatures=[r["argtypes"]])
+                pickles.append(pickle.dumps(kernel))
+                counts["compiled"] += 1
+            except Exception as exc:  # noqa: BLE001 - compared with numba's own compile
+                try:
+                    numba.cuda.compile_ptx(fn, r["argtypes"], cc=cc, **{
+                        k: v for k, v in r["options"].items()
+                        if k in ("fastmath", "debug", "lineinfo", "opt")})
+                except Exception:  # noqa: BLE001 - numba cannot either, without a GPU
+                    counts["numba_cannot"] += 1
+                    continue
+                lost.append(f"{where}: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}")
+    return counts, lost, pickles
+
+
+_LOAD_WITHOUT_NUMBA = """
+import pickle, sys
+sys.modules["numba"] = None  # any import of numba, or of its test modules, fails
+blobs = pickle.load(sys.stdin.buffer)
+kernels = [pickle.loads(b) for b in blobs]
+assert all(type(k).__name__ == "PTXKernel" for k in kernels)
+assert all(im.py_func is None and im.ptx for k in kernels for im in k.images)
+leaked = sorted(m for m in sys.modules if m.split(".")[0] in ("numba", "numba_cuda"))
+assert not leaked, leaked
+print(len(kernels))
+"""
+
+
+@pytest.mark.skipif(not os.path.exists(MANIFEST), reason="no kernels.pkl.gz recorded yet")
+def test_every_recorded_kernel_compiles_and_ships_ptx_only_with_no_driver():
+    start = time.perf_counter()
+    records = _records()
+    counts, lost, pickles = _compile_all(records)
+    proc = subprocess.run([sys.executable, "-c", _LOAD_WITHOUT_NUMBA], input=pickle.dumps(pickles),
+                          capture_output=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr.decode()[-2000:]
+    assert int(proc.stdout) == counts["compiled"]
+    counts["seconds"] = round(time.perf_counter() - start, 1)
+    print("conformance kernels without a GPU:", counts)
+    assert not lost, f"{len(lost)} kernels numba compiles and daskgpu does not:\n" + "\n".join(lost)
+    # Rebuilding from source is the check's own limit; it must stay the exception.
+    assert counts["compiled"] >= 0.9 * (counts["recorded"] - counts["numba_cannot"]), counts
