@@ -279,18 +279,23 @@ class _ChunkLaunch:
     """
 
     __slots__ = ("kernel", "params", "returns", "rank", "tpb", "chunks", "starts", "depth",
-                 "edge_halo", "cupy")
+                 "edge_halo", "cupy", "ident")
 
     def __init__(self, kernel, params, returns, rank, tpb, chunks, starts, depth, edge_halo,
-                 cupy):
+                 cupy, ident=None):
         self.kernel, self.params, self.returns = kernel, params, returns
         self.rank, self.tpb, self.chunks = rank, tpb, chunks
         self.starts, self.depth, self.edge_halo = starts, depth, edge_halo
         self.cupy = cupy
+        # The image's hash and whether it is simulated, read once on the client:
+        # hashing the PTX again in every task would cost more than the cache saves.
+        image = kernel.images[0]
+        self.ident = ident or (image.hash, image.py_func is not None)
 
     def __reduce__(self):
         return _ChunkLaunch, (self.kernel, self.params, self.returns, self.rank, self.tpb,
-                              self.chunks, self.starts, self.depth, self.edge_halo, self.cupy)
+                              self.chunks, self.starts, self.depth, self.edge_halo, self.cupy,
+                              self.ident)
 
     def __repr__(self):
         return f"<map_kernel chunk launch of {self.kernel.__name__}>"
@@ -377,9 +382,8 @@ class _ChunkLaunch:
         """
         if chain is not None:  # the chain's stream: not cached
             return self.kernel.forall(ntasks, self.tpb, stream=chain.handle)
-        image = self.kernel.images[0]
-        key = (image.hash, image.py_func is not None, ntasks, self.tpb)
-        return launches.get(key, lambda: self.kernel.forall(ntasks, self.tpb))
+        return launches.get((self.ident, ntasks, self.tpb),
+                            lambda: self.kernel.forall(ntasks, self.tpb))
 
     def _taking(self):
         """The parameters that take a task argument, in order."""
