@@ -100,12 +100,16 @@ def _carveout(value):
 # counter of compiled functions, so the same kernel compiled in another order
 # (or process) would get other symbols and another image hash.
 _COUNTER_TAG = re.compile(r"B(\d+)v(\d+)(?=B\d)")
+# A record type mangles as Record<its type code>, a per-process counter of numba's.
+_RECORD_CODE = re.compile(r"6RecordILi(\d+)EE")
 _SYMBOL = re.compile(r"_Z\w+")
 
 
 def stable_symbols(ptx_texts, entry):
-    """Renumber Numba's counter tags in order of first appearance; same code, same text."""
+    """Renumber Numba's counter tags and record type codes in order of first
+    appearance; same code, same text, in any process."""
     numbers: dict = {}
+    records: dict = {}
 
     def tag(m):
         if int(m.group(1)) != 1 + len(m.group(2)):
@@ -113,8 +117,11 @@ def stable_symbols(ptx_texts, entry):
         n = numbers.setdefault(m.group(2), str(len(numbers)))
         return f"B{1 + len(n)}v{n}"
 
+    def record(m):
+        return f"6RecordILi{records.setdefault(m.group(1), len(records))}EE"
+
     def symbol(m):
-        return _COUNTER_TAG.sub(tag, m.group(0))
+        return _RECORD_CODE.sub(record, _COUNTER_TAG.sub(tag, m.group(0)))
 
     texts = [_SYMBOL.sub(symbol, text) for text in ptx_texts]
     return texts, _SYMBOL.sub(symbol, entry)

@@ -215,3 +215,34 @@ def test_datetime64_and_timedelta64_arrays_and_scalars(simulate):
     assert [str(a) for a in image.args] == ["datetime64[D][::1]", "datetime64[D][::1]", "timedelta64[D]"]
     assert param_codes(image.args[2]) == "q"  # an int64 count, as numba passes it
     assert not image.args[2].accepts(np.timedelta64(3, "h"))  # the unit is part of the type
+
+
+_HASH_SCRIPT = """
+import sys
+import numpy as np
+from numba.cuda.typing.typeof import typeof
+import daskgpu as dg
+for i in range(int(sys.argv[1])):  # other record types first: numba numbers types per process
+    typeof(np.zeros(1, np.dtype([(f"f{i}", np.int8)]))[0])
+rec = np.dtype([("a", np.int32), ("b", np.float64)], align=True)
+
+def by_value(out, r):
+    out[0] = r["a"] + r["b"]
+
+def in_array(arr, out):
+    out[0] = arr[0]["b"]
+
+a = dg.jit(by_value).specialize(np.zeros(1), np.zeros(1, rec)[0]).images[0]
+b = dg.jit(in_array).specialize(np.zeros(3, rec), np.zeros(1)).images[0]
+print(a.hash, b.hash)
+"""
+
+
+def test_record_kernel_images_hash_the_same_in_every_process():
+    import subprocess
+    import sys
+
+    runs = [subprocess.run([sys.executable, "-c", _HASH_SCRIPT, str(n)], capture_output=True,
+                           text=True, timeout=300, check=True).stdout.split()
+            for n in (0, 3)]
+    assert len(runs[0]) == 2 and runs[0] == runs[1]
