@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import enum
+
 import numpy as np
 from numba.cuda import types
 from numba.cuda.core import sigutils
@@ -37,6 +39,9 @@ def to_argspec(typ, position: int, fname: str) -> ArgSpec:
         return ArgSpec("tuple", tuple_code(members))
     if isinstance(typ, types.Record):
         return ArgSpec("record", _dtype_name(typ, position, fname))
+    if isinstance(typ, types.EnumMember):
+        # Numba passes an enum member as its value, of the enum's value type.
+        return to_argspec(typ.dtype, position, fname)
     if isinstance(typ, types.CPointer):
         # A raw device address, passed as numba does: one 64-bit integer.
         return ArgSpec("scalar", "uint64")
@@ -90,6 +95,10 @@ def _scalar_type(a):
             return types.NamedTuple(members, type(a)) if len(set(members)) != 1 or not members \
                 else types.NamedUniTuple(members[0], len(members), type(a))
         return types.BaseTuple.from_types(members)
+    if isinstance(a, enum.Enum):
+        from numba.cuda.typing.typeof import Purpose, typeof
+
+        return typeof(a, Purpose.argument)
     if isinstance(a, (bool, np.bool_)):
         return types.boolean
     if isinstance(a, np.generic):

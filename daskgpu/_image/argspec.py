@@ -7,6 +7,7 @@ alone.
 
 from __future__ import annotations
 
+import enum
 import json
 from dataclasses import dataclass
 
@@ -424,6 +425,8 @@ def mismatch(spec: ArgSpec, value) -> str | None:
 
 
 def _scalar_fits(value, dtype: np.dtype) -> bool:
+    if isinstance(value, enum.Enum):  # passed as its value, as Numba passes it
+        value = value.value
     if dtype.kind in "mM":  # a unit is part of the type, as in Numba
         return isinstance(value, (np.datetime64, np.timedelta64)) and value.dtype == dtype
     if isinstance(value, (bool, np.bool_)):

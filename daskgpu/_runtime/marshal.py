@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 import struct
 import threading
+from enum import Enum
 
 import numpy as np
 
@@ -136,6 +137,8 @@ def flatten(spec, value, out: list) -> None:
         out.append(value)
         return
     dtype = spec.dtype
+    if isinstance(value, Enum):  # an enum member is passed as its value, as in Numba
+        value = value.value
     if dtype.startswith(("datetime64", "timedelta64")):
         out.append(int(value.view(np.int64)))
     elif dtype.startswith("complex"):

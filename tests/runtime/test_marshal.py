@@ -245,3 +245,61 @@ def test_an_integer_out_of_range_wraps_as_numbas_ctypes_cast(dtype, value):
     flatten(ArgSpec("scalar", "float32"), 0.5, values)
     got = packed_params(layout, values, layout_sizes(layout))
     assert got == numba_scalar_bytes(numba_type(spec), value) + numba_scalar_bytes(types.float32, 0.5)
+
+
+class _Colour(__import__("enum").Enum):
+    RED = 1
+    BLUE = -7
+
+
+class _Level(__import__("enum").IntEnum):
+    HIGH = 300
+
+
+class _Ratio(__import__("enum").Enum):
+    HALF = 0.5
+
+
+@pytest.mark.parametrize("member", [_Colour.RED, _Colour.BLUE, _Level.HIGH, _Ratio.HALF])
+def test_enum_members_pass_as_their_values_as_numba_passes_them(member):
+    from numba.cuda.typing.typeof import Purpose, typeof
+
+    from daskgpu._compiler.signatures import to_argspec, typeof_args
+
+    typ = typeof(member, Purpose.argument)
+    assert typeof_args((member,)) == (typ,)
+    spec = to_argspec(typ, 0, "k")
+    assert spec.accepts(member)
+    layout = ParamLayout([spec])
+    values = []
+    flatten(spec, member, values)
+    # numba-cuda's own dispatcher code for the member, which recurses on its value.
+    this = pytypes.SimpleNamespace(extensions=[])
+    this._prepare_args = lambda *a: _Kernel._prepare_args(this, *a)
+    out = []
+    _Kernel._prepare_args(this, typ, member, 0, [], out)
+    assert packed_params(layout, values, layout_sizes(layout)) == [bytes(v) for v in out]
+
+
+def test_an_enum_kernel_compiles_and_selects_its_image():
+    def k(out, c):
+        if c == _Colour.BLUE:
+            out[0] = 1
+
+    kernel = dg.jit(k).specialize(np.zeros(1, np.int32), _Colour.RED)
+    (image,) = kernel.images
+    assert str(image.args[1]) == "int64"
+    assert kernel._select((np.zeros(1, np.int32), _Colour.BLUE)) is image
+
+
+@pytest.mark.gpu
+def test_an_enum_member_reaches_the_gpu_as_its_value():
+    import pickle
+
+    def k(out, c, r):
+        out[0] = c.value * r.value
+
+    kernel = dg.jit(k).specialize(np.zeros(1, np.float64), _Colour.RED, _Ratio.HALF)
+    shipped = pickle.loads(pickle.dumps(kernel))
+    out = shipped[1, 1](np.zeros(1, np.float64), _Colour.BLUE, _Ratio.HALF)
+    assert out[0] == -3.5
