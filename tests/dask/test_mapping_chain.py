@@ -1,4 +1,4 @@
-"""Chains of map_kernels fused into one task per chunk; the per-task launch cache."""
+"""Chains of map_kernels fused into one task per chunk."""
 
 from __future__ import annotations
 
@@ -119,28 +119,6 @@ def test_the_setting_is_validated():
     with dask.config.set({"daskgpu.fuse-chains": "maybe"}), pytest.raises(
             ConfigError, match="fuse-chains"):
         _config.check()
-
-
-def test_the_launch_cache_is_bounded():
-    cache = mapping._LaunchCache(size=2)
-    made = []
-
-    def make(key):
-        return lambda: made.append(key) or key
-
-    assert [cache.get(k, make(k)) for k in (1, 2, 1, 3, 1)] == [1, 2, 1, 3, 1]
-    assert made == [1, 2, 3, 1]  # 3 filled it: it started afresh
-    cache.clear()
-    assert cache.get(2, make(2)) == 2 and made[-1] == 2
-
-
-def test_gpu_clusters_remember_only_a_bounded_few():
-    seen = mapping._GPUClusters(size=2)
-    for address in ("tcp://a:1", "tcp://b:1"):
-        seen.add(address)
-    assert "tcp://a:1" in seen and "tcp://c:1" not in seen
-    seen.add("tcp://c:1")
-    assert "tcp://c:1" in seen and "tcp://a:1" not in seen
 
 
 # -- on a GPU -----------------------------------------------------------------
