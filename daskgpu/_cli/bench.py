@@ -318,6 +318,12 @@ def _noop_chunk(x, *rest):
     return x
 
 
+def _alloc_chunk(x, *rest):
+    # Dask's per-chunk cost when each task makes a new chunk, as every kernel
+    # with an output must: an uninitialised array like x (CuPy for CuPy chunks).
+    return np.empty_like(x)
+
+
 def _unique(prefix: str) -> str:
     # Each timed run gets fresh keys: equal keys would be served from the
     # results of the previous run still held by the cluster.
@@ -621,10 +627,15 @@ def _map_device_rows(size_bytes: int, chunk_bytes: int) -> list:
         return _wait_persisted(
             da.map_blocks(_noop_chunk, xg, yg, dtype=np.float32, name=_unique("noop")))
 
-    ours(), baseline(), noop()
+    def alloc():
+        return _wait_persisted(
+            da.map_blocks(_alloc_chunk, xg, yg, dtype=np.float32, name=_unique("alloc")))
+
+    ours(), baseline(), noop(), alloc()
     dg_t = [t / nchunks for t in _timed(ours)]
     nb_t = [t / nchunks for t in _timed(baseline)]
     noop_t = [t / nchunks for t in _timed(noop)]
+    alloc_t = [t / nchunks for t in _timed(alloc)]
     launch_only = _Cluster.get().submit(device_chunk_seconds, chunk_bytes, pure=False).result()
     what = f"map_kernel per chunk, {nchunks} CuPy chunks of {chunk_bytes >> 20} MiB"
     return [
@@ -635,6 +646,9 @@ def _map_device_rows(size_bytes: int, chunk_bytes: int) -> list:
         # How much of the per-chunk time is Dask's scheduling, not daskgpu's.
         _ratio("  Dask's floor: a no-op map_blocks on the same chunks", dg_t, noop_t, "ms",
                "da.map_blocks of a no-op returning its first chunk", goal=1.1, scale=1e3),
+        # The same floor for a task that makes a new chunk, as any output does.
+        _ratio("  the floor with a new output chunk per task", dg_t, alloc_t, "ms",
+               "da.map_blocks of np.empty_like of its first chunk", scale=1e3),
     ]
 
 
