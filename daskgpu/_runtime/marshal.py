@@ -13,8 +13,8 @@ numba-cuda's dispatcher does. datetime64 and timedelta64 are int64 counts.
 Repeat launches on device arrays use a function generated per shape of
 signature (:func:`fast_source`): its matching and packing is straight-line
 code, one ``pack_into`` call with the values as arguments, with no loop,
-list or dictionary per launch; on the H200 host that is what separates a
-launch from the bare ``cuLaunchKernel`` call.
+list or dictionary per launch. On the H200 host this Python work takes about
+1.5 us a launch (3 CuPy arrays), beside 3.5 us in ``cuLaunchKernel`` itself.
 """
 
 from __future__ import annotations
