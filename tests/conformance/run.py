@@ -100,7 +100,7 @@ def merge_manifests(outdir) -> int:
         if name.startswith("manifest-") and name.endswith(".pkl"):
             with open(os.path.join(outdir, name), "rb") as f:
                 records.update(r for r in pickle.load(f) if r is not None)
-    with gzip.open(os.path.join(outdir, "kernels.pkl.gz"), "wb", mtime=0) as f:
+    with gzip.GzipFile(os.path.join(outdir, "kernels.pkl.gz"), "wb", mtime=0) as f:
         pickle.dump(sorted(records), f, protocol=4)
     return len(records)
 
