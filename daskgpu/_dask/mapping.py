@@ -4,7 +4,10 @@
 image on the client, and builds the graph with ``da.map_blocks`` (after
 ``unify_chunks`` and, for halos, ``da.overlap.overlap``). Each task holds a
 :class:`_ChunkLaunch`: the PTX-only kernel plus a plain description of the
-parameters, so workers need no compiler and no Python function.
+parameters, so workers need no compiler and no Python function. A
+``map_kernel`` over the output of another runs both launches in one task per
+chunk (:class:`_Fused`; setting ``daskgpu.fuse-chains``), intermediates on the
+GPU.
 """
 
 from __future__ import annotations
@@ -400,7 +403,7 @@ class _ChunkLaunch:
 
 
 class _LaunchCache:
-    """Launches of map_kernel tasks, keyed by (image hash, simulated, ntasks, tpb).
+    """Launches of map_kernel tasks, keyed by ((image hash, simulated), ntasks, tpb).
 
     Bounded by ``size``; a full cache starts afresh, which, unlike evicting
     one entry, is safe while other threads use the launches it held.
@@ -830,6 +833,14 @@ def map_kernel(kernel, *args, depth=None, boundary=None, tpb=0, name=None, grid_
     that mixes GPU and CPU workers compute with
     ``dask.config.set({"optimization.fuse.active": False})``; on one where
     every worker has a GPU, placement needs no annotation.
+
+    A dask array that an earlier ``map_kernel`` returned (its one aligned
+    output, without ``depth``), passed here unchanged and once, is fused: each
+    task runs both launches on the same chunk, and on host chunks the
+    intermediate stays on the GPU while each input crosses PCIe once. The
+    intermediate array's own tasks are then not in this graph; computing it as
+    well runs its launches a second time, with the same results. The setting
+    ``daskgpu.fuse-chains`` (default true) turns this off.
 
     Examples
     --------
