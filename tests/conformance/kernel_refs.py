@@ -71,6 +71,8 @@ def encode_function(fn) -> dict:
     if not isinstance(fn, pytypes.FunctionType):
         raise Unencodable(f"{fn!r} is not a Python function")
     code = fn.__code__
+    if not fn.__module__:
+        raise Unencodable(f"{fn.__qualname__} was made by exec, from no module's source")
     ref = {"module": fn.__module__, "qualname": fn.__qualname__, "name": fn.__name__,
            "line": code.co_firstlineno}
     if "<locals>" not in fn.__qualname__ and fn.__name__ != "<lambda>":
@@ -97,6 +99,10 @@ def encode_value(value) -> dict:
         return {"function": encode_function(value)}
     if isinstance(value, pytypes.ModuleType):
         return {"module": value.__name__}
+    if isinstance(value, type) and value.__module__ == "numba.cuda.stubs":
+        # numba-cuda's vector types (float32x2, ...) are classes made at import:
+        # by name, they exist only in its table.
+        return {"vector_type": value.__name__}
     try:
         return {"value": _plain_pickle(value)}
     except Exception as exc:
@@ -175,7 +181,9 @@ class Rebuilder:
         self._trees: dict = {}
 
     def function(self, ref: dict):
-        module = importlib.import_module(ref["module"])
+        if not ref["module"]:
+            raise LookupError(f"{ref['qualname']} was made by exec, from no module's source")
+        module = importlib.import_module(_importable(ref["module"]))
         if ref.get("global"):
             obj = module
             for part in ref["qualname"].split("."):
@@ -208,7 +216,11 @@ class Rebuilder:
         if "function" in encoded:
             return self.function(encoded["function"])
         if "module" in encoded:
-            return importlib.import_module(encoded["module"])
+            return importlib.import_module(_importable(encoded["module"]))
+        if "vector_type" in encoded:
+            from numba.cuda.vector_types import vector_types
+
+            return vector_types[encoded["vector_type"]].user_facing_object
         return pickle.loads(encoded["value"])
 
     def _find(self, module, ref):
@@ -222,6 +234,14 @@ class Rebuilder:
                     node.lineno == line or any(d.lineno == line for d in node.decorator_list)):
                 return node
         raise LookupError(f"no def {ref['name']} at line {line} of {module.__file__}")
+
+
+def _importable(name: str) -> str:
+    # pytest's importlib mode names numba-cuda's test modules from its rootdir
+    # (cuda.tests.cudapy.test_x); installed, they are numba.cuda.tests.cudapy.test_x.
+    if name.startswith("cuda.tests."):
+        return "numba." + name
+    return name
 
 
 _TYPE_PARAMS = {"type_params": []} if "type_params" in ast.FunctionDef._fields else {}

@@ -120,3 +120,14 @@ def test_a_closure_over_process_state_is_recorded_as_unencodable():
 
     entry = pickle.loads(kernel_refs.record(k, (types.int32[::1],), {}))
     assert entry["function"] is None and "closure value" in entry["why"]
+
+
+def test_vector_type_classes_in_closures_are_recorded_by_name():
+    import kernel_refs
+    from numba.cuda.vector_types import vector_types
+
+    vobj = vector_types["float32x2"].user_facing_object
+    encoded = kernel_refs.encode_value(vobj)
+    assert encoded == {"vector_type": "float32x2"}
+    with kernel_refs.no_gpu_imports() as jit:
+        assert kernel_refs.Rebuilder(jit).value(encoded) is vobj

@@ -5,9 +5,10 @@
 (``kernel_refs.py``). Here each is rebuilt from the installed test modules'
 source, compiled for ``daskgpu.target-cc`` with no driver, pickled, and the
 pickles loaded in a fresh process where numba cannot be imported. A kernel
-that numba-cuda itself cannot compile without a GPU (``compile_ptx`` for the
-same cc fails too) is counted and left out; so is one whose function cannot
-be rebuilt from source here. Regenerate the file with ``run.py`` on the GPU
+that numba-cuda itself cannot compile (``compile_ptx`` for the same cc fails
+too: the tests of numba's own typing errors) is counted and left out; so is
+one whose function cannot be rebuilt from source here (made by ``exec``, or
+closing over a device array). Run with ``-s`` to see the counts. Regenerate the file with ``run.py`` on the GPU
 machine (it writes ``OUTDIR/kernels.pkl.gz``) when the module list changes.
 """
 
@@ -67,8 +68,10 @@ def _compile_all(records):
                     numba.cuda.compile_ptx(fn, r["argtypes"], cc=cc, **{
                         k: v for k, v in r["options"].items()
                         if k in ("fastmath", "debug", "lineinfo", "opt")})
-                except Exception:  # noqa: BLE001 - numba cannot either, without a GPU
+                except Exception as numba_exc:  # noqa: BLE001 - nor numba, without a GPU
                     counts["numba_cannot"] += 1
+                    counts.setdefault("numba_cannot_why", []).append(
+                        f"{where}: {type(numba_exc).__name__}: {str(numba_exc)[:120]}")
                     continue
                 lost.append(f"{where}: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}")
     return counts, lost, pickles
@@ -81,7 +84,8 @@ blobs = pickle.load(sys.stdin.buffer)
 kernels = [pickle.loads(b) for b in blobs]
 assert all(type(k).__name__ == "PTXKernel" for k in kernels)
 assert all(im.py_func is None and im.ptx for k in kernels for im in k.images)
-leaked = sorted(m for m in sys.modules if m.split(".")[0] in ("numba", "numba_cuda"))
+leaked = sorted(m for m, mod in sys.modules.items()
+                if mod is not None and m.split(".")[0] in ("numba", "numba_cuda"))
 assert not leaked, leaked
 print(len(kernels))
 """
