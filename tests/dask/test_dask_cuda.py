@@ -7,7 +7,7 @@ import pathlib
 import dask.array as da
 import numpy as np
 import pytest
-from distributed import Client
+from distributed import Client, wait
 from numba import cuda
 
 import daskgpu as dg
@@ -65,6 +65,7 @@ def test_map_kernel_outputs_on_the_device_spill_under_device_memory_limit(client
     x = x.map_blocks(cp.asarray)
     z = client.persist(dg.map_kernel(saxpy, dg.Out(np.float32, like=x), np.float32(2), x, x))
     assert isinstance(z._meta, cp.ndarray)
+    wait(z)  # persist returns at once; count where the chunks are only once they all exist
 
     def where(dask_worker):
         data = dask_worker.data
