@@ -251,16 +251,24 @@ class _Cluster:
 
     client = None
     threads_per_worker = 2  # --threads-per-worker
+    array_bytes = 1 << 30  # --size
 
     @classmethod
     def get(cls):
         if cls.client is None:
+            import dask.config
             from distributed import Client
 
+            from daskgpu import _config
             from daskgpu._dask.cluster import LocalGPUCluster
 
-            cls.client = Client(LocalGPUCluster(threads_per_worker=cls.threads_per_worker,
-                                                dashboard_address=None))
+            # The chain section holds two mapped arrays' outputs while it maps a
+            # third: page-locked memory for all three keeps its outputs off the
+            # copy threads, as a user holding that much would configure it.
+            locked = max(int(_config.get("pinned-output-bytes")), 4 * cls.array_bytes)
+            with dask.config.set({"daskgpu.pinned-output-bytes": locked}):
+                cls.client = Client(LocalGPUCluster(threads_per_worker=cls.threads_per_worker,
+                                                    dashboard_address=None))
         return cls.client
 
 
@@ -960,6 +968,7 @@ def main(argv=None) -> int:
                         help="threads of each LocalGPUCluster worker (default 2)")
     args = parser.parse_args(argv)
     _Cluster.threads_per_worker = args.threads_per_worker
+    _Cluster.array_bytes = args.size
     rows = []
     for name in args.sections:
         if name not in SECTIONS:
