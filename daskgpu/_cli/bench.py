@@ -6,7 +6,6 @@ reported as a ratio; absolute times mean something only on the GPU machine.
 
 from __future__ import annotations
 
-import argparse
 import inspect
 import json
 import os

@@ -7,18 +7,10 @@ import sys
 import textwrap
 
 import pytest
-from numba import cuda
 
-import daskgpu as dg
+from daskgpu._cli.bench_kernels import saxpy
 
 pytestmark = pytest.mark.gpu
-
-
-@dg.jit("void(float32[::1], float32, float32[::1], float32[::1])")
-def saxpy(out, a, x, y):
-    i = cuda.grid(1)
-    if i < out.size:
-        out[i] = a * x[i] + y[i]
 
 
 def test_a_truncated_or_corrupt_entry_is_relinked_and_replaced(tmp_path):
