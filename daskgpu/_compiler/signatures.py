@@ -9,7 +9,14 @@ from numba.cuda import types
 from numba.cuda.core import sigutils
 
 from daskgpu._errors import CompileError
-from daskgpu._image.argspec import ArgSpec, array_info, dtype_code, layout_of, tuple_code
+from daskgpu._image.argspec import (
+    BFLOAT16,
+    ArgSpec,
+    array_info,
+    dtype_code,
+    layout_of,
+    tuple_code,
+)
 
 
 def normalize(sig) -> tuple:
@@ -57,6 +64,8 @@ def to_argspec(typ, position: int, fname: str) -> ArgSpec:
 def _dtype_name(typ, position, fname) -> str:
     from numba.np import numpy_support
 
+    if typ == types.bfloat16:  # numba-cuda's own type: numba has no dtype for it
+        return BFLOAT16
     try:
         return dtype_code(numpy_support.as_dtype(typ))
     except (TypeError, ValueError, NotImplementedError) as exc:
@@ -68,8 +77,6 @@ def _dtype_name(typ, position, fname) -> str:
 
 def typeof_args(args) -> tuple:
     """Numba types for concrete arguments: host or device arrays and scalars."""
-    from numba.np import numpy_support
-
     out = []
     for a in args:
         info = array_info(a)
@@ -81,11 +88,20 @@ def typeof_args(args) -> tuple:
                 own = getattr(a, "dtype", None)
                 if isinstance(own, np.dtype) and own.itemsize == dtype.itemsize:
                     dtype = own
-            nb = numpy_support.from_dtype(dtype)
+            nb = _element_type(dtype)
             out.append(types.Array(nb, len(shape), layout_of(shape, strides, dtype.itemsize)))
         else:
             out.append(_scalar_type(a))
     return tuple(out)
+
+
+def _element_type(dtype: np.dtype):
+    """Numba's type of ``dtype``, numba-cuda's bfloat16 for ``ml_dtypes.bfloat16``."""
+    from numba.np import numpy_support
+
+    if dtype.name == BFLOAT16 and dtype.kind == "V":
+        return types.bfloat16
+    return numpy_support.from_dtype(dtype)
 
 
 def _scalar_type(a):
@@ -102,9 +118,7 @@ def _scalar_type(a):
     if isinstance(a, (bool, np.bool_)):
         return types.boolean
     if isinstance(a, np.generic):
-        from numba.np import numpy_support
-
-        return numpy_support.from_dtype(a.dtype)
+        return _element_type(a.dtype)
     if isinstance(a, int):
         return types.int64
     if isinstance(a, float):

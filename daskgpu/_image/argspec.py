@@ -14,7 +14,13 @@ from dataclasses import dataclass
 import numpy as np
 
 # Numba spells a few dtypes differently from numpy.
-_NUMBA_DTYPE_NAMES = {"bool": "boolean"}
+_NUMBA_DTYPE_NAMES = {"bool": "boolean", "bfloat16": "bfloat16"}
+
+#: The code of numba-cuda's bfloat16, the dtype of ``ml_dtypes.bfloat16`` arrays.
+BFLOAT16 = "bfloat16"
+#: What :func:`dtype_of` gives for it: two bytes, matched by :func:`dtype_fits`
+#: against ml_dtypes' dtype (or an interface's ``"<V2"``) without importing ml_dtypes.
+_BFLOAT16_BYTES = np.dtype((np.void, 2))
 
 SCALAR_DTYPES = frozenset(
     "bool int8 int16 int32 int64 uint8 uint16 uint32 uint64 "
@@ -122,6 +128,13 @@ class ArgSpec:
 
 
 _DTYPES = {name: np.dtype(name) for name in SCALAR_DTYPES}
+_DTYPES[BFLOAT16] = _BFLOAT16_BYTES
+
+
+def _is_bfloat16(dtype: np.dtype) -> bool:
+    """Whether ``dtype`` is two plain bytes: ml_dtypes' bfloat16, or its ``"<V2"`` spelling."""
+    return dtype.kind == "V" and dtype.itemsize == 2 and dtype.names is None \
+        and dtype.subdtype is None
 
 
 _MEMBERS: dict = {}
@@ -157,6 +170,8 @@ def dtype_fits(have: np.dtype, want: np.dtype) -> bool:
     """
     if have is want or have == want:
         return True
+    if want is _BFLOAT16_BYTES:
+        return _is_bfloat16(have)
     return (want.names is not None and have.kind == "V" and have.names is None
             and have.subdtype is None and have.itemsize == want.itemsize)
 
@@ -182,6 +197,8 @@ def dtype_code(dtype) -> str:
         if dtype.subdtype is not None:
             base, shape = dtype.subdtype
             return json.dumps([dtype_code(base), list(shape)], separators=(",", ":"))
+        if _is_bfloat16(dtype) and dtype.name == BFLOAT16:
+            return BFLOAT16
         if dtype.byteorder == ">" or dtype.kind not in "biufcmM":
             raise ValueError(
                 f"daskgpu passes numbers, bool, datetime64, timedelta64 and records of "
@@ -228,7 +245,7 @@ def dtype_of(code: str) -> np.dtype:
             raise ValueError("not a dtype daskgpu passes")
     except (ValueError, TypeError, KeyError, AttributeError) as exc:
         raise ValueError(
-            f"daskgpu supports parameters of dtypes {sorted(SCALAR_DTYPES)}, datetime64, "
+            f"daskgpu supports parameters of dtypes {sorted(SCALAR_DTYPES)}, bfloat16, datetime64, "
             f"timedelta64 and records of those; cannot read dtype {code!r} ({exc})"
         ) from None
     if len(_DTYPES) < 4096:  # bounded: codes come from images, not from data
@@ -425,6 +442,8 @@ def mismatch(spec: ArgSpec, value) -> str | None:
 
 
 def _scalar_fits(value, dtype: np.dtype) -> bool:
+    if dtype is _BFLOAT16_BYTES:  # only a bfloat16 value: a cast would have to round
+        return isinstance(value, np.generic) and value.dtype.name == BFLOAT16
     if isinstance(value, enum.Enum):  # passed as its value, as Numba passes it
         value = value.value
     if dtype.kind in "mM":  # a unit is part of the type, as in Numba

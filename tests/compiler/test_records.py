@@ -1,9 +1,11 @@
-"""Record dtypes and numba-cuda's random states: compiled to images, pickled PTX-only,
-marshalled as Numba lays records out, and run in the simulator."""
+"""Record dtypes, numba-cuda's random states and the other argument kinds numba-cuda
+passes (tuples, In/Out, datetime64, bfloat16): compiled to images, pickled PTX-only,
+marshalled as Numba lays them out, and run in the simulator."""
 
 import pickle
 
 import dask
+import ml_dtypes
 import numpy as np
 import pytest
 from numba import cuda
@@ -12,7 +14,7 @@ from numba.cuda.random import (init_xoroshiro128p_states_cpu, xoroshiro128p_dtyp
 
 import daskgpu as dg
 from daskgpu._image.argspec import ArgSpec, dtype_code, dtype_of
-from daskgpu._runtime.marshal import ParamLayout, param_codes
+from daskgpu._runtime.marshal import ParamLayout, flatten, param_codes
 
 dg._config.get("target-cc")  # register daskgpu's defaults before dask.config.set
 
@@ -215,6 +217,36 @@ def test_datetime64_and_timedelta64_arrays_and_scalars(simulate):
     assert [str(a) for a in image.args] == ["datetime64[D][::1]", "datetime64[D][::1]", "timedelta64[D]"]
     assert param_codes(image.args[2]) == "q"  # an int64 count, as numba passes it
     assert not image.args[2].accepts(np.timedelta64(3, "h"))  # the unit is part of the type
+
+
+def scale(out, x, s):
+    i = cuda.grid(1)
+    if i < out.size:
+        out[i] = x[i] * s
+
+
+def test_bfloat16_arrays_and_scalars_type_and_match_as_numba_cuda_types_them(simulate):
+    from numba.cuda.typing.typeof import Purpose, typeof
+
+    from daskgpu._compiler.signatures import typeof_args
+
+    x = np.arange(4).astype(ml_dtypes.bfloat16)
+    s = ml_dtypes.bfloat16(1.5)
+    assert typeof_args((x, s)) == (typeof(x, Purpose.argument), typeof(s, Purpose.argument))
+    k = dg.jit(scale)
+    out = k.forall(4)(np.zeros(4, x.dtype), x, s)
+    np.testing.assert_array_equal(out.astype(np.float32), np.arange(4) * 1.5)
+    (image,) = pickle.loads(pickle.dumps(k)).images
+    assert [str(a) for a in image.args] == ["bfloat16[::1]", "bfloat16[::1]", "bfloat16"]
+    array, _, scalar = image.args
+    # A device array's interface spells bfloat16 "<V2"; float16 has the same size.
+    assert array.matches((np.dtype("<V2"), (4,), (2,), 1), None)
+    assert not array.accepts(np.zeros(4, np.float16))
+    assert not scalar.accepts(1.5)  # rounding to bfloat16 is the caller's choice
+    assert param_codes(scalar) == "H"
+    values = []
+    flatten(scalar, s, values)
+    assert values == [0x3FC0]  # 1.5 in bfloat16: its two bytes as they are
 
 
 _HASH_SCRIPT = """
