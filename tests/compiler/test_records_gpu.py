@@ -91,11 +91,6 @@ def test_cuda_in_out_inout_copy_as_numba_does():
     np.testing.assert_array_equal(x, -1)
 
 
-def scale_by(out, x, s):
-    i = cuda.grid(1)
-    if i < out.size:
-        out[i] = x[i] * s[0]
-
 
 def scale(out, x, s):
     i = cuda.grid(1)
@@ -103,23 +98,19 @@ def scale(out, x, s):
         out[i] = x[i] * s
 
 
-def test_bfloat16_arrays_and_scalars_match_numba():
+def test_bfloat16_arrays_and_scalars_launch_with_the_gpus_rounding():
+    # numba-cuda 0.30 cannot launch this at all: it refuses host bfloat16 arrays
+    # (cuda.core's DLPack view: "only supports signed/unsigned integers, float and
+    # complex dtypes") and bfloat16 scalars (NotImplementedError in _prepare_args).
+    # The product of two bfloat16 values is exact in float32, so rounding it to
+    # bfloat16 on the host gives the bits the GPU's bfloat16 multiply must give.
     import ml_dtypes
 
     bf16 = np.dtype(ml_dtypes.bfloat16)
     x = (np.arange(1000) / 7).astype(bf16)
-    s = np.array([1.5], bf16)
-    want = np.zeros(1000, bf16)
-    cuda.jit(scale_by)[4, 256](want, x, s)
-    by_array = pickle.loads(pickle.dumps(dg.jit(scale_by).specialize(want, x, s)))
-    got = by_array.forall(1000)(np.zeros(1000, bf16), x, s)
-    np.testing.assert_array_equal(got.view(np.uint16), want.view(np.uint16))
-    # numba-cuda cannot pass a bfloat16 scalar; daskgpu passes its two bytes.
-    by_value = pickle.loads(pickle.dumps(dg.jit(scale).specialize(want, x, s[0])))
-    got = by_value.forall(1000)(np.zeros(1000, bf16), x, s[0])
-    np.testing.assert_array_equal(got.view(np.uint16), want.view(np.uint16))
-    d_out, d_x = cuda.device_array(1000, bf16), cuda.to_device(x)
-    for _ in range(2):  # the first launch and the repeat on device arrays
-        by_value[4, 256](d_out, d_x, s[0])
-        np.testing.assert_array_equal(d_out.copy_to_host().view(np.uint16),
-                                      want.view(np.uint16))
+    s = bf16.type(1.5)
+    want = (x.astype(np.float32) * np.float32(s)).astype(bf16)
+    shipped = pickle.loads(pickle.dumps(dg.jit(scale).specialize(want, x, s)))
+    for _ in range(2):  # the first launch and the repeat
+        got = shipped.forall(1000)(np.zeros(1000, bf16), x, s)
+        np.testing.assert_array_equal(got.view(np.uint16), want.view(np.uint16))
