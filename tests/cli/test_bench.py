@@ -47,3 +47,19 @@ def test_noop_chunk_travels_by_reference_and_returns_its_first_chunk():
     assert pickle.loads(pickle.dumps(_bench._noop_chunk)) is _bench._noop_chunk
     x = np.arange(3)
     assert _bench._noop_chunk(x, np.ones(3)) is x
+
+
+def test_the_bench_cluster_page_locks_what_the_chain_section_holds(monkeypatch):
+    # Two persisted 1 GiB outputs and a third map's: with the 2 GiB default the third
+    # map's outputs would go through the copy threads, and the page-locked-input row
+    # would measure them instead of the inputs.
+    monkeypatch.setattr(_bench._Cluster, "client", None)
+    monkeypatch.setattr(_bench._Cluster, "array_bytes", 1 << 30)
+    with dask.config.set({"daskgpu.simulate": True}):
+        client = _bench._Cluster.get()
+        try:
+            seen = client.run(lambda: dg._config.get("pinned-output-bytes"))
+        finally:
+            client.cluster.close()
+            client.close()
+    assert set(seen.values()) == {4 << 30}
