@@ -256,6 +256,8 @@ def dtype_of(code: str) -> np.dtype:
 def _readable(dtype: np.dtype) -> str:
     # Numba's spelling, shortened: Record(a:int8@0,b:float64@8;16;aligned)
     if dtype.names is None:
+        if dtype is _BFLOAT16_BYTES:
+            return BFLOAT16
         if not dtype.isnative:  # else ">f4" reads as "float32", like the wanted "<f4"
             order = "big" if dtype.byteorder == ">" else "little"
             return f"{dtype.name} in {order}-endian byte order ({dtype.str})"
@@ -413,7 +415,8 @@ def mismatch(spec: ArgSpec, value) -> str | None:
             if spec.np_dtype.names is not None:
                 return (f"expects elements of dtype {want}, got {_readable(dtype)}; a record "
                         "array must have the same fields, offsets and itemsize")
-            return f"expects dtype {want}, got {_readable(dtype)}; convert with .astype({want!r})"
+            fix = "ml_dtypes.bfloat16" if spec.dtype == BFLOAT16 else repr(want)
+            return f"expects dtype {want}, got {_readable(dtype)}; convert with .astype({fix})"
         if len(shape) != spec.ndim:
             return f"expects a {spec.ndim}-D array, got {len(shape)}-D of shape {tuple(shape)}"
         fix = "np.ascontiguousarray(a)" if spec.layout == "C" else "np.asfortranarray(a)"
@@ -438,6 +441,9 @@ def mismatch(spec: ArgSpec, value) -> str | None:
     if dtype.kind in "iu" and isinstance(value, (int, np.integer)) and not isinstance(value, bool):
         info_ = np.iinfo(dtype)
         return f"value {value} overflows {spec.dtype} (range {info_.min}..{info_.max})"
+    if spec.dtype == BFLOAT16:
+        return (f"expects a bfloat16 scalar, got {describe(value)} {value!r}; pass "
+                "ml_dtypes.bfloat16(value), rounded as you choose")
     return f"expects {spec.dtype}, got {describe(value)} {value!r}"
 
 

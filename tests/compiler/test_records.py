@@ -13,7 +13,7 @@ from numba.cuda.random import (init_xoroshiro128p_states_cpu, xoroshiro128p_dtyp
                                xoroshiro128p_uniform_float32)
 
 import daskgpu as dg
-from daskgpu._image.argspec import ArgSpec, dtype_code, dtype_of
+from daskgpu._image.argspec import ArgSpec, dtype_code, dtype_of, mismatch
 from daskgpu._runtime.marshal import ParamLayout, flatten, param_codes
 
 dg._config.get("target-cc")  # register daskgpu's defaults before dask.config.set
@@ -243,6 +243,9 @@ def test_bfloat16_arrays_and_scalars_type_and_match_as_numba_cuda_types_them(sim
     assert array.matches((np.dtype("<V2"), (4,), (2,), 1), None)
     assert not array.accepts(np.zeros(4, np.float16))
     assert not scalar.accepts(1.5)  # rounding to bfloat16 is the caller's choice
+    assert "pass ml_dtypes.bfloat16(value)" in mismatch(scalar, 1.5)
+    assert mismatch(array, np.zeros(4, np.float32)) == (
+        "expects dtype bfloat16, got float32; convert with .astype(ml_dtypes.bfloat16)")
     assert param_codes(scalar) == "H"
     values = []
     flatten(scalar, s, values)
