@@ -14,6 +14,7 @@ from daskgpu._image.argspec import (
     ArgSpec,
     array_info,
     dtype_code,
+    is_bfloat16,
     layout_of,
     tuple_code,
 )
@@ -99,7 +100,7 @@ def _element_type(dtype: np.dtype):
     """Numba's type of ``dtype``, numba-cuda's bfloat16 for ``ml_dtypes.bfloat16``."""
     from numba.np import numpy_support
 
-    if dtype.name == BFLOAT16 and dtype.kind == "V":
+    if is_bfloat16(dtype):
         return types.bfloat16
     return numpy_support.from_dtype(dtype)
 

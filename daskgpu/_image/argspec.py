@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 # Numba spells a few dtypes differently from numpy.
-_NUMBA_DTYPE_NAMES = {"bool": "boolean", "bfloat16": "bfloat16"}
+_NUMBA_DTYPE_NAMES = {"bool": "boolean"}
 
 #: The code of numba-cuda's bfloat16, the dtype of ``ml_dtypes.bfloat16`` arrays.
 BFLOAT16 = "bfloat16"
@@ -131,10 +131,15 @@ _DTYPES = {name: np.dtype(name) for name in SCALAR_DTYPES}
 _DTYPES[BFLOAT16] = _BFLOAT16_BYTES
 
 
-def _is_bfloat16(dtype: np.dtype) -> bool:
-    """Whether ``dtype`` is two plain bytes: ml_dtypes' bfloat16, or its ``"<V2"`` spelling."""
+def _two_plain_bytes(dtype: np.dtype) -> bool:
+    """Whether ``dtype`` can hold a bfloat16: ml_dtypes' bfloat16, or its ``"<V2"`` spelling."""
     return dtype.kind == "V" and dtype.itemsize == 2 and dtype.names is None \
         and dtype.subdtype is None
+
+
+def is_bfloat16(dtype: np.dtype) -> bool:
+    """Whether ``dtype`` is ``ml_dtypes.bfloat16`` (told by name: ml_dtypes is not imported)."""
+    return dtype.name == BFLOAT16 and _two_plain_bytes(dtype)
 
 
 _MEMBERS: dict = {}
@@ -171,7 +176,7 @@ def dtype_fits(have: np.dtype, want: np.dtype) -> bool:
     if have is want or have == want:
         return True
     if want is _BFLOAT16_BYTES:
-        return _is_bfloat16(have)
+        return _two_plain_bytes(have)
     return (want.names is not None and have.kind == "V" and have.names is None
             and have.subdtype is None and have.itemsize == want.itemsize)
 
@@ -197,7 +202,7 @@ def dtype_code(dtype) -> str:
         if dtype.subdtype is not None:
             base, shape = dtype.subdtype
             return json.dumps([dtype_code(base), list(shape)], separators=(",", ":"))
-        if _is_bfloat16(dtype) and dtype.name == BFLOAT16:
+        if is_bfloat16(dtype):
             return BFLOAT16
         if dtype.byteorder == ">" or dtype.kind not in "biufcmM":
             raise ValueError(
@@ -449,7 +454,7 @@ def mismatch(spec: ArgSpec, value) -> str | None:
 
 def _scalar_fits(value, dtype: np.dtype) -> bool:
     if dtype is _BFLOAT16_BYTES:  # only a bfloat16 value: a cast would have to round
-        return isinstance(value, np.generic) and value.dtype.name == BFLOAT16
+        return isinstance(value, np.generic) and is_bfloat16(value.dtype)
     if isinstance(value, enum.Enum):  # passed as its value, as Numba passes it
         value = value.value
     if dtype.kind in "mM":  # a unit is part of the type, as in Numba

@@ -26,13 +26,13 @@ from enum import Enum
 
 import numpy as np
 
-from daskgpu._image.argspec import _has_layout
+from daskgpu._image.argspec import BFLOAT16, _has_layout
 
 # struct codes of one scalar parameter (complex: two of them).
 _SCALAR_CODES = {
     "bool": "B", "int8": "b", "uint8": "B", "int16": "h", "uint16": "H",
     "int32": "i", "uint32": "I", "int64": "q", "uint64": "Q",
-    "float16": "e", "float32": "f", "float64": "d", "bfloat16": "H",
+    "float16": "e", "float32": "f", "float64": "d", BFLOAT16: "H",
     "complex64": "ff", "complex128": "dd",
 }
 
@@ -146,7 +146,7 @@ def flatten(spec, value, out: list) -> None:
         out += (c.real, c.imag)
     elif dtype == "bool":
         out.append(1 if value else 0)
-    elif dtype == "bfloat16":  # its two bytes as they are: a __nv_bfloat16 parameter
+    elif dtype == BFLOAT16:  # its two bytes as they are: a __nv_bfloat16 parameter
         out.append(int(np.asarray(value).view(np.uint16)))
     elif dtype.startswith("float"):
         out.append(float(value))

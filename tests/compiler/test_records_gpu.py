@@ -91,7 +91,6 @@ def test_cuda_in_out_inout_copy_as_numba_does():
     np.testing.assert_array_equal(x, -1)
 
 
-
 def scale(out, x, s):
     i = cuda.grid(1)
     if i < out.size:
