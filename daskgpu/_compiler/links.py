@@ -114,8 +114,14 @@ def link_inputs(items, cc, options, lto: bool = False) -> tuple:
 
 
 def _include_dirs() -> list:
-    """The include path numba-cuda's NVRTC compiles use, found without a driver."""
+    """The include path of numba-cuda's own NVRTC compiles, found without a driver.
+
+    In numba-cuda's order: its headers for this NVRTC, the CUDA toolkit's (where
+    ``get_cuda_paths`` finds them: a system toolkit or the pip wheels), CCCL, NRT's,
+    then ``NUMBA_CUDA_NVRTC_EXTRA_SEARCH_PATHS``.
+    """
     import numba.cuda
+    from numba.cuda import config
 
     dirs = []
     root = os.path.dirname(os.path.abspath(numba.cuda.__file__))
@@ -127,6 +133,12 @@ def _include_dirs() -> list:
     except Exception:  # no NVRTC: compile_cu reports that
         pass
     try:
+        from numba.cuda.cuda_paths import get_cuda_paths
+
+        dirs.append(get_cuda_paths()["include_dir"].info)
+    except Exception:  # no toolkit found: the wheels' headers below may do
+        pass
+    try:
         from cuda import pathfinder
 
         for lib in ("cudart", "cccl"):
@@ -136,7 +148,8 @@ def _include_dirs() -> list:
     except Exception:  # no CUDA headers: sources that include none still compile
         pass
     dirs.append(os.path.join(root, "memory_management"))
-    return [d for d in dirs if os.path.isdir(d)]
+    dirs += (getattr(config, "CUDA_NVRTC_EXTRA_SEARCH_PATHS", "") or "").split(":")
+    return list(dict.fromkeys(d for d in dirs if d and os.path.isdir(d)))
 
 
 def compile_cu(source: bytes, name: str, cc: tuple, options, lto: bool = False) -> bytes:

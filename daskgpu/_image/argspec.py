@@ -122,6 +122,7 @@ class ArgSpec:
             return info is None and isinstance(value, np.void) and value.dtype == dtype_of(self.dtype)
         if self.kind == "tuple":
             members = tuple_members(self.dtype)
+            value = passed_value(value)
             return info is None and isinstance(value, tuple) and len(value) == len(members) and all(
                 m.matches(array_info(v), v) for m, v in zip(members, value))
         return info is None and _scalar_fits(value, dtype_of(self.dtype))
@@ -428,6 +429,7 @@ def mismatch(spec: ArgSpec, value) -> str | None:
         return (f"expects a {spec.layout}-contiguous array, got a "
                 f"{layout_of(shape, strides, dtype.itemsize)}-layout one; pass {fix}")
     if spec.kind == "tuple":
+        value = passed_value(value)
         if info is not None or not isinstance(value, tuple):
             return f"expects a tuple {spec}, got {describe(value)}"
         if len(value) != len(spec.members):
@@ -452,11 +454,15 @@ def mismatch(spec: ArgSpec, value) -> str | None:
     return f"expects {spec.dtype}, got {describe(value)} {value!r}"
 
 
+def passed_value(value):
+    """What Numba passes for ``value``: an enum member's value (a number or a tuple)."""
+    return value.value if isinstance(value, enum.Enum) else value
+
+
 def _scalar_fits(value, dtype: np.dtype) -> bool:
     if dtype is _BFLOAT16_BYTES:  # only a bfloat16 value: a cast would have to round
         return isinstance(value, np.generic) and is_bfloat16(value.dtype)
-    if isinstance(value, enum.Enum):  # passed as its value, as Numba passes it
-        value = value.value
+    value = passed_value(value)
     if dtype.kind in "mM":  # a unit is part of the type, as in Numba
         return isinstance(value, (np.datetime64, np.timedelta64)) and value.dtype == dtype
     if isinstance(value, (bool, np.bool_)):

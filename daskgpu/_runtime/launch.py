@@ -11,7 +11,7 @@ import numpy as np
 from daskgpu import _config
 from daskgpu._errors import LaunchConfigError, PicklingError
 from daskgpu._image.argspec import (
-    Zeroed, _has_layout, array_info, describe, mismatch, signature_str,
+    Zeroed, _has_layout, array_info, describe, mismatch, passed_value, signature_str,
 )
 from daskgpu._image.config import LaunchConfig
 from daskgpu._image.random_states import RandomStates
@@ -294,6 +294,7 @@ def _casts_unsafely(spec, info, value) -> bool:
                                                        spec.layout)))
     if spec.kind == "tuple":
         members = spec.members
+        value = passed_value(value)
         return info is None and isinstance(value, tuple) and len(value) == len(members) and all(
             m.matches(array_info(v), v) or _casts_unsafely(m, array_info(v), v)
             for m, v in zip(members, value))

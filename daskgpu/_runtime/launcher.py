@@ -14,7 +14,7 @@ from cuda.core import ObjectCode
 from daskgpu import _config
 from daskgpu._errors import DeviceError, LaunchConfigError
 from daskgpu._image.argspec import (
-    _CAI_READERS, _READERS, Zeroed, _read_cupy, array_info,
+    _CAI_READERS, _READERS, Zeroed, _read_cupy, array_info, passed_value,
 )
 from daskgpu._runtime import device as _device
 from daskgpu._runtime._cuda import (
@@ -517,7 +517,7 @@ def sync_producer_stream(value, stream) -> bool:
 
 def _flatten_tuple(spec, value, staging, written, values):
     """A tuple's members as numba flattens them; host arrays in it are staged."""
-    for member, item in zip(spec.members, value):
+    for member, item in zip(spec.members, passed_value(value)):
         if member.kind == "tuple":
             _flatten_tuple(member, item, staging, written, values)
         elif member.kind == "record":

@@ -22,11 +22,10 @@ from __future__ import annotations
 import math
 import struct
 import threading
-from enum import Enum
 
 import numpy as np
 
-from daskgpu._image.argspec import BFLOAT16, _has_layout
+from daskgpu._image.argspec import BFLOAT16, _has_layout, passed_value
 
 # struct codes of one scalar parameter (complex: two of them).
 _SCALAR_CODES = {
@@ -137,8 +136,7 @@ def flatten(spec, value, out: list) -> None:
         out.append(value)
         return
     dtype = spec.dtype
-    if isinstance(value, Enum):  # an enum member is passed as its value, as in Numba
-        value = value.value
+    value = passed_value(value)
     if dtype.startswith(("datetime64", "timedelta64")):
         out.append(int(value.view(np.int64)))
     elif dtype.startswith("complex"):

@@ -260,6 +260,11 @@ class _Ratio(__import__("enum").Enum):
     HALF = 0.5
 
 
+class _Planet(__import__("enum").Enum):  # numba-cuda's test_enums kind: tuple values
+    MERCURY = (3.303e23, 2.4397e6)
+    VENUS = (4.869e24, 6.0518e6)
+
+
 @pytest.mark.parametrize("member", [_Colour.RED, _Colour.BLUE, _Level.HIGH, _Ratio.HALF])
 def test_enum_members_pass_as_their_values_as_numba_passes_them(member):
     from numba.cuda.typing.typeof import Purpose, typeof
@@ -290,6 +295,34 @@ def test_an_enum_kernel_compiles_and_selects_its_image():
     (image,) = kernel.images
     assert str(image.args[1]) == "int64"
     assert kernel._select((np.zeros(1, np.int32), _Colour.BLUE)) is image
+
+
+def test_an_enum_with_tuple_values_is_matched_as_its_tuple():
+    def k(out, a, b):
+        out[0] = a == b
+
+    kernel = dg.jit(k).specialize(np.zeros(1, np.bool_), _Planet.MERCURY, _Planet.VENUS)
+    (image,) = kernel.images
+    assert [str(s) for s in image.args[1:]] == ["Tuple(float64, float64)"] * 2
+    assert kernel._select((np.zeros(1, np.bool_), _Planet.VENUS, _Planet.VENUS)) is image
+    assert image.args[1].accepts(_Planet.VENUS) and not image.args[1].accepts(_Colour.RED)
+
+
+@pytest.mark.gpu
+def test_an_enum_with_tuple_values_reaches_the_gpu_as_its_members():
+    import pickle
+
+    def k(out, a, b):
+        out[0] = a == b
+        out[1] = a is not b
+        out[2] = a.value[1] < b.value[1]
+
+    kernel = pickle.loads(pickle.dumps(dg.jit(k).specialize(
+        np.zeros(3, np.bool_), _Planet.MERCURY, _Planet.VENUS)))
+    got = kernel[1, 1](np.zeros(3, np.bool_), _Planet.MERCURY, _Planet.VENUS)
+    assert got.tolist() == [False, True, True]
+    got = kernel[1, 1](np.zeros(3, np.bool_), _Planet.VENUS, _Planet.VENUS)
+    assert got.tolist() == [True, False, False]
 
 
 @pytest.mark.gpu
