@@ -205,11 +205,13 @@ def dtype_code(dtype) -> str:
             return json.dumps([dtype_code(base), list(shape)], separators=(",", ":"))
         if is_bfloat16(dtype):
             return BFLOAT16
-        if dtype.byteorder == ">" or dtype.kind not in "biufcmM":
+        if dtype.byteorder == ">" or dtype.kind not in "biufcmMSU":
             raise ValueError(
-                f"daskgpu passes numbers, bool, datetime64, timedelta64 and records of "
-                f"them in native byte order, not dtype {dtype!r}"
+                f"daskgpu passes numbers, bool, datetime64, timedelta64, fixed-width "
+                f"strings and records of them in native byte order, not dtype {dtype!r}"
             )
+        if dtype.kind in "SU":  # Numba's CharSeq and UnicodeCharSeq: "S12", "U12"
+            return dtype.str[1:]
         return dtype.name
     fields = {
         "names": list(dtype.names),
@@ -245,14 +247,16 @@ def dtype_of(code: str) -> np.dtype:
             spec = {"names": f["names"], "formats": [_field_dtype(c) for c in f["formats"]],
                     "offsets": f["offsets"], "itemsize": f["itemsize"]}
             dtype = np.dtype(spec, align=bool(f.get("aligned")))
-        elif code.startswith(("datetime64", "timedelta64")):
+        elif code.startswith(("datetime64", "timedelta64")) or (
+                code[:1] in ("S", "U") and code[1:].isdigit()):
             dtype = np.dtype(code)
         else:
             raise ValueError("not a dtype daskgpu passes")
     except (ValueError, TypeError, KeyError, AttributeError) as exc:
         raise ValueError(
             f"daskgpu supports parameters of dtypes {sorted(SCALAR_DTYPES)}, bfloat16, datetime64, "
-            f"timedelta64 and records of those; cannot read dtype {code!r} ({exc})"
+            f"timedelta64, fixed-width strings (S<n>, U<n>) and records of those; cannot read "
+            f"dtype {code!r} ({exc})"
         ) from None
     if len(_DTYPES) < 4096:  # bounded: codes come from images, not from data
         _DTYPES[code] = dtype
@@ -267,7 +271,7 @@ def _readable(dtype: np.dtype) -> str:
         if not dtype.isnative:  # else ">f4" reads as "float32", like the wanted "<f4"
             order = "big" if dtype.byteorder == ">" else "little"
             return f"{dtype.name} in {order}-endian byte order ({dtype.str})"
-        return dtype.name
+        return dtype.str[1:] if dtype.kind in "SU" else dtype.name
     fields = ",".join(
         f"{n}:{_readable(dtype.fields[n][0])}@{dtype.fields[n][1]}" for n in dtype.names
     )

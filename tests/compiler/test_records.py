@@ -281,3 +281,45 @@ def test_record_kernel_images_hash_the_same_in_every_process():
                            text=True, timeout=300, check=True).stdout.split()
             for n in (0, 3)]
     assert len(runs[0]) == 2 and runs[0] == runs[1]
+
+
+def assign_unicode(words, recs):
+    i = cuda.grid(1)
+    if i < words.size:
+        words[i] = "XYZ"
+    if i == 0:
+        recs[0]["x"] = 1
+        recs[0]["y"] = "ABC"
+
+
+def assign_bytes(words, recs):
+    i = cuda.grid(1)
+    if i < words.size:
+        words[i] = b"XYZ"
+    if i == 0:
+        recs[0]["x"] = 1
+        recs[0]["y"] = b"ABC"
+
+
+STRINGS = {  # numba-cuda's test_const_string cases: kernel, element dtype, record dtype
+    "unicode": (assign_unicode, "<U12", np.dtype([("x", np.int32), ("y", "<U12")])),
+    "bytes": (assign_bytes, "S12", np.dtype([("x", np.float32), ("y", "S12")], align=True)),
+}
+
+
+@pytest.mark.parametrize("case", STRINGS)
+def test_fixed_width_string_arrays_and_fields_type_as_numba_types_them(case, simulate):
+    from numba.cuda.typing.typeof import Purpose, typeof
+
+    from daskgpu._compiler.signatures import typeof_args
+
+    kernel, word, record = STRINGS[case]
+    words, recs = np.zeros(3, word), np.zeros(1, record)
+    assert typeof_args((words, recs)) == tuple(typeof(a, Purpose.argument) for a in (words, recs))
+    k = dg.jit(kernel)
+    got_words, got_recs = k.forall(3)(words, recs)
+    np.testing.assert_array_equal(got_words, np.full(3, "XYZ", word))
+    np.testing.assert_array_equal(got_recs, np.array([(1, "ABC")], record))
+    (image,) = pickle.loads(pickle.dumps(k)).images
+    assert image.args[0].np_dtype == np.dtype(word) and image.args[1].np_dtype == record
+    assert "expects dtype S12" in str(mismatch(ArgSpec("array", "S12", 1, "C"), np.zeros(1, "S4")))
