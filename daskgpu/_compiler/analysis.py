@@ -3,7 +3,7 @@
 The write set decides which arrays a launch copies back and returns. It is a
 may-write analysis: every variable that can hold (a view of) an argument array
 is tracked, and an argument counts as written when such a variable is stored
-into, passed to an atomic, passed to a device function that writes that
+into, passed to an atomic or a cache-hinted store, passed to a device function that writes that
 parameter, or passed to anything the analysis does not know to be read-only.
 """
 
@@ -30,13 +30,18 @@ def _holds_array(typ) -> bool:
     return typ is not None and not isinstance(typ, _SCALAR_TYPES)
 
 
-def _is_atomic(fn_type) -> bool:
-    """Whether a call writes through its first argument as an atomic does."""
+def _writes_first_argument(fn_type) -> bool:
+    """Whether a CUDA intrinsic writes through its first argument.
+
+    The atomics do, and so do the cache-hinted stores (``cuda.stcg``, ``stcs``,
+    ``stwb``, ``stwt``); the cache-hinted loads only read.
+    """
     key = getattr(fn_type, "typing_key", None)
-    if getattr(key, "__module__", "") != "numba.cuda.stubs":
-        return False
+    module = getattr(key, "__module__", "")
     name = getattr(key, "__qualname__", "")
-    return name.startswith("atomic.") or "compare_and_swap" in name
+    if module == "numba.cuda.stubs":
+        return name.startswith("atomic.") or "compare_and_swap" in name
+    return module == "numba.cuda.cache_hints" and name.startswith("st")
 
 
 def _grid_call(fn_type):
@@ -127,16 +132,16 @@ def _call_writes(expr, typemap, calltypes, of, depth) -> set:
         return touched | set(of(expr.func))
     if not touched:
         return set()
-    if _is_atomic(fn_type):
+    if _writes_first_argument(fn_type):
         return set(arg_aliases[0]) if arg_aliases else set()
     if isinstance(fn_type, types.Function):
         key = getattr(fn_type, "typing_key", None)
         module = getattr(key, "__module__", "") or ""
         if key in _READ_ONLY_BUILTINS or module in ("math", "cmath") or _grid_call(fn_type):
             return set()
-        if module.startswith("numba.cuda") and not _is_atomic(fn_type):
-            # CUDA intrinsics (syncthreads, shared.array, fp16 math, ...) other
-            # than atomics read their arguments only.
+        if module.startswith("numba.cuda"):
+            # The other CUDA intrinsics (syncthreads, shared.array, fp16 math,
+            # cache-hinted loads, ...) read their arguments only.
             return set()
         return touched
     dispatcher = getattr(fn_type, "dispatcher", None)

@@ -117,6 +117,19 @@ def test_atomics_write_their_array_only():
     assert atomic_into_second.writes == (1, 2)
 
 
+# -- cache hints ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("store", [cuda.stcg, cuda.stcs, cuda.stwb, cuda.stwt])
+@pytest.mark.parametrize("load", [cuda.ldcg, cuda.ldca])
+def test_cache_hinted_stores_write_their_array_and_loads_read_theirs(store, load):
+    def hinted_copy(r, x):
+        for i in range(len(r)):
+            store(r, i, load(x, i))
+
+    assert analysed(f"void({F1}, {F1})")(hinted_copy).writes == (0,)
+
+
 # -- views ---------------------------------------------------------------------------------------
 
 

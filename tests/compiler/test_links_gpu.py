@@ -74,6 +74,17 @@ def fill(out, v):
     out.fill(v)
 
 
+def hinted_copy(r, x):
+    for i in range(len(r)):
+        cuda.stcs(r, i, cuda.ldcg(x, i))
+
+
+def test_cache_hinted_stores_come_back_from_the_gpu():
+    x = np.arange(5, dtype=np.float64)
+    r = shipped(dg.jit("void(float64[::1], float64[::1])")(hinted_copy))[1, 1](np.zeros(5), x)
+    np.testing.assert_array_equal(r, x)
+
+
 def test_fill_writes_come_back_from_the_gpu():
     out = shipped(dg.jit("void(float32[::1], float32)")(fill))[4, 32](np.zeros(100, np.float32), 2.5)
     np.testing.assert_array_equal(out, 2.5)

@@ -144,6 +144,9 @@ class RoutedKernel:
     def __repr__(self):
         return f"<daskgpu-routed {self._dispatcher!r}>"
 
+    def __reduce__(self):  # as numba's dispatcher pickles: its function, rebuilt and routed
+        return RoutedKernel, (self._dispatcher,)
+
     # launch syntax, as numba-cuda's dispatcher
     def __getitem__(self, config):
         if not isinstance(config, tuple) or not 2 <= len(config) <= 4:
@@ -199,6 +202,19 @@ class RoutedKernel:
 class RoutedLaunch:
     def __init__(self, kernel, how, config):
         self.kernel, self.how, self.config = kernel, how, config
+
+    @property
+    def griddim(self):
+        return self._launch_config().griddim
+
+    @property
+    def blockdim(self):
+        return self._launch_config().blockdim
+
+    def _launch_config(self):
+        from daskgpu._image.config import LaunchConfig
+
+        return LaunchConfig(_dims(self.config[0]), _dims(self.config[1]))
 
     def __call__(self, *args):
         shipped = self.kernel._shipped_kernel(args)
