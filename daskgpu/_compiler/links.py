@@ -102,10 +102,13 @@ def link_inputs(items, cc, options, lto: bool = False) -> tuple:
             if isinstance(data, str):
                 data = data.encode()
         if kind == "cu":
-            # CUDA C is compiled here, once, so workers need no NVRTC.
-            data = compile_cu(data, name, cc, options, lto=lto)
+            # CUDA C is compiled here, once, so workers need no NVRTC. NRT stays
+            # PTX: as LTO-IR, nvJitLink drops the NRT functions that only the
+            # kernel's PTX calls and fails with undefined NRT_incref (CUDA 13, H200).
+            as_ltoir = lto and not getattr(item, "nrt", False)
+            data = compile_cu(data, name, cc, options, lto=as_ltoir)
             stem = name[:-3] if name.endswith(".cu") else name
-            kind, name = ("ltoir", stem + ".ltoir") if lto else ("ptx", stem + ".ptx")
+            kind, name = ("ltoir", stem + ".ltoir") if as_ltoir else ("ptx", stem + ".ptx")
         key = (kind, bytes(data))
         if key not in seen:
             seen.add(key)

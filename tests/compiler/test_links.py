@@ -33,6 +33,26 @@ def test_lto_turns_cuda_c_into_ltoir_and_links_with_lto():
     assert image.option("lto") is True
 
 
+def copy_then_read(x, out):
+    y = x.copy()  # an allocation on the device: NRT
+    out[0] = y[1]
+
+
+@pytest.fixture
+def nrt(monkeypatch):
+    from numba.cuda import config
+
+    monkeypatch.setattr(config, "CUDA_ENABLE_NRT", True)
+
+
+@pytest.mark.parametrize("lto", [False, True])
+def test_nrt_is_linked_as_ptx_even_with_lto(nrt, lto):
+    image = dg.jit("void(float32[::1], float32[::1])", lto=lto)(copy_then_read).images[0]
+    (nrt_link,) = image.links
+    assert (nrt_link.name, nrt_link.kind) == ("nrt.ptx", "ptx")
+    assert b"NRT_MemInfo_alloc_aligned" in nrt_link.data
+
+
 def grid_sync(a):
     g = cuda.cg.this_grid()
     a[cuda.grid(1)] = 1

@@ -74,6 +74,21 @@ def fill(out, v):
     out.fill(v)
 
 
+def copy_then_read(x, out):
+    y = x.copy()  # an allocation on the device: NRT
+    out[0] = y[1]
+
+
+@pytest.mark.parametrize("lto", [False, True])
+def test_an_nrt_kernel_links_and_runs_on_the_worker(monkeypatch, lto):
+    from numba.cuda import config
+
+    monkeypatch.setattr(config, "CUDA_ENABLE_NRT", True)
+    k = shipped(dg.jit("void(float32[::1], float32[::1])", lto=lto)(copy_then_read))
+    out = k[1, 1](np.arange(4, dtype=np.float32), np.zeros(1, np.float32))
+    assert out[0] == 1.0
+
+
 def hinted_copy(r, x):
     for i in range(len(r)):
         cuda.stcs(r, i, cuda.ldcg(x, i))

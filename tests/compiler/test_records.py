@@ -323,3 +323,21 @@ def test_fixed_width_string_arrays_and_fields_type_as_numba_types_them(case, sim
     (image,) = pickle.loads(pickle.dumps(k)).images
     assert image.args[0].np_dtype == np.dtype(word) and image.args[1].np_dtype == record
     assert "expects dtype S12" in str(mismatch(ArgSpec("array", "S12", 1, "C"), np.zeros(1, "S4")))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", STRINGS)
+@pytest.mark.parametrize("where", ["host", "device"])
+def test_fixed_width_strings_match_numba(case, where):
+    kernel, word, record = STRINGS[case]
+    put = cuda.to_device if where == "device" else np.copy
+    k = pickle.loads(pickle.dumps(dg.jit(kernel)))
+    words, recs = put(np.zeros(5, word)), put(np.zeros(2, record))
+    k.forall(5)(words, recs)
+    want_words, want_recs = np.zeros(5, word), np.zeros(2, record)
+    cuda.jit(kernel).forall(5)(want_words, want_recs)
+    if where == "device":
+        words, recs = words.copy_to_host(), recs.copy_to_host()
+    np.testing.assert_array_equal(words, want_words)
+    np.testing.assert_array_equal(recs, want_recs)
+    assert want_words[0] and want_recs[0]["y"]  # numba wrote them: not zeros on both sides

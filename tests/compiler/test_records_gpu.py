@@ -114,21 +114,3 @@ def test_bfloat16_arrays_and_scalars_launch_with_the_gpus_rounding():
         got = shipped.forall(1000)(np.zeros(1000, bf16), x, s)
         np.testing.assert_array_equal(got.view(np.uint16), want.view(np.uint16))
 
-
-@pytest.mark.parametrize("case", ["unicode", "bytes"])
-@pytest.mark.parametrize("where", ["host", "device"])
-def test_fixed_width_strings_match_numba(case, where):
-    from test_records import STRINGS  # the CPU test's kernels and dtypes
-
-    kernel, word, record = STRINGS[case]
-    put = cuda.to_device if where == "device" else np.copy
-    k = pickle.loads(pickle.dumps(dg.jit(kernel)))
-    words, recs = put(np.zeros(5, word)), put(np.zeros(2, record))
-    k.forall(5)(words, recs)
-    want_words, want_recs = np.zeros(5, word), np.zeros(2, record)
-    cuda.jit(kernel).forall(5)(want_words, want_recs)
-    if where == "device":
-        words, recs = words.copy_to_host(), recs.copy_to_host()
-    np.testing.assert_array_equal(words, want_words)
-    np.testing.assert_array_equal(recs, want_recs)
-    assert want_words[0] and want_recs[0]["y"]  # numba wrote them: not zeros on both sides
