@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from numba.cuda import types
 from numba.cuda.compiler import compile_cuda, kernel_fixup
 
 from daskgpu._compiler.analysis import analyse
-from daskgpu._compiler.links import implicit_links, link_inputs
+from daskgpu._compiler.links import (
+    BFLOAT16_MIN_CC, implicit_links, link_inputs, uses_bfloat16_shims,
+)
 from daskgpu._compiler.signatures import to_argspec
 from daskgpu._compiler.target import compiling_for
 from daskgpu._errors import CompileError
@@ -200,6 +202,11 @@ def compile_image(py_func, argtypes, options: CompileOptions) -> KernelImage:
         raise numba_compile_error(
             exc, f"compiling {name} for ({', '.join(map(str, argtypes))}) failed:\n{exc}"
         ) from exc
+    if lowest < BFLOAT16_MIN_CC and uses_bfloat16_shims(extra):
+        # Compiled again for the devices that can run it, as numba-cuda compiles
+        # bfloat16 only for them; a worker with an older GPU is told the targets.
+        targets = tuple(max(cc, BFLOAT16_MIN_CC) for cc in options.targets)
+        return compile_image(py_func, argtypes, replace(options, targets=targets))
     analysis = analyse(cres.type_annotation, len(argtypes))
     links = link_inputs(tuple(options.link) + tuple(extra), lowest, options, lto=options.lto)
     # Options at their defaults are left out, so that images (and their

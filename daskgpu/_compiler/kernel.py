@@ -187,7 +187,9 @@ def jit(signature_or_function=None, *, targets=(), fastmath=False, debug=False,
     targets : sequence of compute capabilities, optional
         PTX targets, such as ``["7.5", "9.0"]``. Each worker links the highest
         target at or below its GPU's. Default: ``daskgpu.target-cc`` (7.5), a
-        portable PTX that links on every GPU at or above it.
+        portable PTX that links on every GPU at or above it. A kernel that uses
+        numba-cuda's bfloat16 functions is compiled for 8.0 or above, the GPUs
+        numba-cuda supports bfloat16 on.
     fastmath, debug, lineinfo, max_registers, opt
         As in ``numba.cuda.jit``.
     link : sequence of paths

@@ -47,6 +47,21 @@ def implicit_links(lib, ptx: str) -> list:
     return sorted(found, key=lambda p: p if isinstance(p, str) else f"~{_name_of(p)}")
 
 
+#: The compute capability numba-cuda's bfloat16 shims need: cuda_bf16.h declares
+#: some of their overloads (``__hfma_relu``, ...) from sm_80 only, and numba-cuda
+#: supports bfloat16 on those devices only (``cuda.is_bfloat16_supported``).
+BFLOAT16_MIN_CC = (8, 0)
+
+
+def uses_bfloat16_shims(found) -> bool:
+    """Whether numba-cuda's bfloat16 shims are among the link inputs ``found``."""
+    try:
+        from numba.cuda._internal.cuda_bf16 import shim_obj
+    except ImportError:  # a numba-cuda without them
+        return False
+    return any(f is shim_obj for f in found)
+
+
 def _needs_nrt(ptx, found) -> bool:
     # numba-cuda's _Kernel.maybe_link_nrt, which a compile without a dispatcher skips.
     from numba.cuda.descriptor import cuda_target

@@ -6,6 +6,7 @@ import pickle
 import numpy as np
 import pytest
 from numba import cuda
+from numba.cuda.bf16 import hfma_relu
 from numba.cuda.core.errors import TypingError
 
 import daskgpu as dg
@@ -31,6 +32,23 @@ def test_lto_turns_cuda_c_into_ltoir_and_links_with_lto():
     image = dg.jit("void(float16[::1], float16[::1], float16[::1])", lto=True)(fp16_mul).images[0]
     assert [x.kind for x in image.links] == ["ltoir"]
     assert image.option("lto") is True
+
+
+def bf16_fma_relu(out, a, b, c):
+    out[0] = hfma_relu(a[0], b[0], c[0])
+
+
+@pytest.mark.parametrize("targets, want", [((), [(8, 0)]), (("7.5", "9.0"), [(8, 0), (9, 0)])])
+def test_bfloat16_kernels_compile_for_the_gpus_numba_supports_bfloat16_on(targets, want):
+    import ml_dtypes
+
+    x = np.zeros(1, ml_dtypes.bfloat16)
+    k = dg.kernel(cuda.jit(bf16_fma_relu), targets=targets).specialize(x, x, x, x)
+    (image,) = k.images
+    assert [cc for cc, _ in image.ptx] == want  # cuda_bf16.h has __hfma_relu from sm_80
+    assert [x.kind for x in image.links] == ["ltoir"]  # the shims, compiled for that cc
+    h = np.zeros(1, np.float16)
+    assert [cc for cc, _ in dg.jit(fp16_mul).specialize(h, h, h).images[0].ptx] == [(7, 5)]
 
 
 def copy_then_read(x, out):
