@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+from dataclasses import replace
 
 import numpy as np
 from numba.cuda import types
@@ -13,6 +14,7 @@ from daskgpu._image.argspec import (
     BFLOAT16,
     ArgSpec,
     array_info,
+    class_name,
     dtype_code,
     is_bfloat16,
     layout_of,
@@ -49,7 +51,8 @@ def to_argspec(typ, position: int, fname: str) -> ArgSpec:
         return ArgSpec("record", _dtype_name(typ, position, fname))
     if isinstance(typ, types.EnumMember):
         # Numba passes an enum member as its value, of the enum's value type.
-        return to_argspec(typ.dtype, position, fname)
+        return replace(to_argspec(typ.dtype, position, fname),
+                       enum=class_name(typ.instance_class))
     if isinstance(typ, types.CPointer):
         # A raw device address, passed as numba does: one 64-bit integer.
         return ArgSpec("scalar", "uint64")

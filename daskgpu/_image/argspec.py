@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import enum
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -40,7 +40,7 @@ TUPLE_PREFIX = "tuple"
 RECORD_PREFIX = "record"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class ArgSpec:
     """One kernel parameter.
 
@@ -56,12 +56,28 @@ class ArgSpec:
         Array rank; 0 for scalars.
     layout : {"C", "F", "A"}
         Contiguity the signature requires; "A" takes any strides.
+    enum : str
+        For an enum member, passed as its value (``dtype``), the enum class as
+        ``module.qualname``: Numba types each enum class apart, so a member of
+        another class, even of an equal value, is not taken. Empty otherwise.
     """
 
     kind: str
     dtype: str
     ndim: int = 0
     layout: str = "A"
+    enum: str = ""
+
+    def __repr__(self) -> str:
+        # Without the enum when there is none: image hashes hold this repr.
+        extra = f", enum={self.enum!r}" if self.enum else ""
+        return (f"ArgSpec(kind={self.kind!r}, dtype={self.dtype!r}, ndim={self.ndim!r}, "
+                f"layout={self.layout!r}{extra})")
+
+    def as_tuple(self) -> tuple:
+        """``(kind, dtype, ndim, layout)``, and ``enum`` when set: the plain-data form."""
+        base = (self.kind, self.dtype, self.ndim, self.layout)
+        return base + (self.enum,) if self.enum else base
 
     def __post_init__(self):
         if self.kind not in KINDS:
@@ -92,6 +108,9 @@ class ArgSpec:
         return tuple_members(self.dtype) if self.kind == "tuple" else ()
 
     def __str__(self) -> str:
+        if self.enum:  # as Numba prints the type: Enum<int64>(Color)
+            value = str(replace(self, enum=""))
+            return f"Enum<{value}>({self.enum.rpartition('.')[2]})"
         if self.kind == "tuple":
             return "Tuple(" + ", ".join(str(m) for m in self.members) + ")"
         name = _NUMBA_DTYPE_NAMES.get(self.dtype) or _readable(self.np_dtype)
@@ -111,6 +130,8 @@ class ArgSpec:
 
     def matches(self, info, value) -> bool:
         """:meth:`accepts` for a value whose :func:`array_info` is already known."""
+        if self.enum and enum_class_name(value) != self.enum:
+            return False
         if self.kind == "array":
             return (
                 info is not None
@@ -416,6 +437,8 @@ def mismatch(spec: ArgSpec, value) -> str | None:
     info = array_info(value)
     if spec.matches(info, value):
         return None
+    if spec.enum and enum_class_name(value) != spec.enum:
+        return f"expects a member of enum {spec.enum}, got {describe(value)} {value!r}"
     if spec.is_array:
         if info is None:
             return f"expects an array {spec}, got {describe(value)}"
@@ -456,6 +479,16 @@ def mismatch(spec: ArgSpec, value) -> str | None:
         return (f"expects a bfloat16 scalar, got {describe(value)} {value!r}; pass "
                 "ml_dtypes.bfloat16(value), rounded as you choose")
     return f"expects {spec.dtype}, got {describe(value)} {value!r}"
+
+
+def class_name(cls) -> str:
+    """``module.qualname``: how an :class:`ArgSpec` names an enum class."""
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def enum_class_name(value) -> str:
+    """:func:`class_name` of an enum member's class; empty for anything else."""
+    return class_name(type(value)) if isinstance(value, enum.Enum) else ""
 
 
 def passed_value(value):

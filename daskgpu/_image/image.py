@@ -173,7 +173,7 @@ def _fields(image: KernelImage) -> dict:
         "name": image.name,
         "entry": image.entry,
         "ptx": image.ptx,
-        "args": tuple((a.kind, a.dtype, a.ndim, a.layout) for a in image.args),
+        "args": tuple(a.as_tuple() for a in image.args),
         "writes": image.writes,
         "grid_ndim": image.grid_ndim,
         "links": tuple((x.name, x.kind, x.data) for x in image.links),

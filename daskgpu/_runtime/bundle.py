@@ -474,13 +474,16 @@ def _decode_image(obj, index: int, path: str) -> KernelImage:
     for i, item in enumerate(_check_type(obj["args"], list, f"{where}.args", path)):
         what = f"{where}.args[{i}]"
         _check_type(item, list, what, path)
-        if len(item) != 4:
-            raise BundleError(f"{path!r}: field {what} must be [kind, dtype, ndim, layout]")
+        if len(item) not in (4, 5):
+            raise BundleError(
+                f"{path!r}: field {what} must be [kind, dtype, ndim, layout] or, for an "
+                "enum, [kind, dtype, ndim, layout, enum class]")
         kind = _check_type(item[0], str, f"{what} kind", path)
         dtype = _check_type(item[1], str, f"{what} dtype", path)
         ndim = _check_int(item[2], 0, 0 if kind == "scalar" else 32, f"{what} ndim", path)
         layout = _check_type(item[3], str, f"{what} layout", path)
-        args.append((kind, dtype, ndim, layout))
+        enum = [_check_type(item[4], str, f"{what} enum class", path)] if len(item) == 5 else []
+        args.append((kind, dtype, ndim, layout, *enum))
 
     writes = [_check_int(w, 0, max(len(args) - 1, 0), f"{where}.writes", path)
               for w in _check_type(obj["writes"], list, f"{where}.writes", path)]

@@ -285,6 +285,8 @@ _UNSAFE_SOURCES = {"i": "biu", "u": "biu", "f": "biuf", "c": "biufc"}
 
 def _casts_unsafely(spec, info, value) -> bool:
     """Whether ``value`` reaches ``spec`` by one of Numba's unsafe casts."""
+    if spec.enum:  # nothing converts to an enum member
+        return False
     want = spec.np_dtype if spec.kind in ("array", "scalar") else None
     if spec.kind == "array":
         return (info is not None and len(info[1]) == spec.ndim

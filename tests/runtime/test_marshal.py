@@ -7,6 +7,7 @@ compiled kernel, and the ctypes values numba-cuda's dispatcher itself passes to
 """
 
 import ctypes
+import pickle
 import re
 import struct
 import types as pytypes
@@ -293,7 +294,7 @@ def test_an_enum_kernel_compiles_and_selects_its_image():
 
     kernel = dg.jit(k).specialize(np.zeros(1, np.int32), _Colour.RED)
     (image,) = kernel.images
-    assert str(image.args[1]) == "int64"
+    assert str(image.args[1]) == "Enum<int64>(_Colour)"  # as Numba prints the type
     assert kernel._select((np.zeros(1, np.int32), _Colour.BLUE)) is image
 
 
@@ -303,15 +304,39 @@ def test_an_enum_with_tuple_values_is_matched_as_its_tuple():
 
     kernel = dg.jit(k).specialize(np.zeros(1, np.bool_), _Planet.MERCURY, _Planet.VENUS)
     (image,) = kernel.images
-    assert [str(s) for s in image.args[1:]] == ["Tuple(float64, float64)"] * 2
+    assert [str(s) for s in image.args[1:]] == ["Enum<Tuple(float64, float64)>(_Planet)"] * 2
     assert kernel._select((np.zeros(1, np.bool_), _Planet.VENUS, _Planet.VENUS)) is image
     assert image.args[1].accepts(_Planet.VENUS) and not image.args[1].accepts(_Colour.RED)
 
 
+def is_same(out, a, b):
+    out[0] = a is b
+
+
+def test_a_member_of_another_enum_class_with_an_equal_value_is_not_taken(tmp_path):
+    # numba-cuda's test_enums: `Shape.circle is IntEnumWithNegatives.two` is False
+    # although both are the int 2; an image typed for one class must not take the other.
+    out = np.zeros(1, np.bool_)
+    kernel = dg.jit(is_same).specialize(out, _Colour.RED, _Colour.RED)
+    dg.save(kernel, tmp_path / "k.dgk")
+    for shipped in (pickle.loads(pickle.dumps(kernel.ptx_kernel())), dg.load(tmp_path / "k.dgk")):
+        (image,) = shipped.images
+        assert image.args[1].enum == f"{__name__}._Colour"
+        assert shipped._select((out, _Colour.BLUE, _Colour.RED)) is image
+        with pytest.raises(TypeError, match=r"expects a member of enum .*\._Colour, got"):
+            shipped._select((out, _Colour.RED, _Level.HIGH))
+        with pytest.raises(TypeError, match="expects a member of enum"):
+            shipped._select((out, _Colour.RED, 1))
+    from daskgpu._compiler.signatures import typeof_args
+
+    both = dg.jit(is_same)
+    for args in ((out, _Colour.RED, _Colour.RED), (out, _Colour.RED, _Level.HIGH)):
+        both.compile(typeof_args(args))
+    assert [str(i.args[2]) for i in both.images] == ["Enum<int64>(_Colour)", "Enum<int64>(_Level)"]
+
+
 @pytest.mark.gpu
 def test_an_enum_with_tuple_values_reaches_the_gpu_as_its_members():
-    import pickle
-
     def k(out, a, b):
         out[0] = a == b
         out[1] = a is not b
@@ -327,8 +352,6 @@ def test_an_enum_with_tuple_values_reaches_the_gpu_as_its_members():
 
 @pytest.mark.gpu
 def test_an_enum_member_reaches_the_gpu_as_its_value():
-    import pickle
-
     def k(out, c, r):
         out[0] = c.value * r.value
 
