@@ -270,7 +270,7 @@ def fast_source(specs, writes, exact=False) -> str:
         two = kind == "c"  # a complex scalar is two parameters
         convert = (f"x{i}, y{i} = _scalar_values(S{i}, {v})" if two
                    else f"(x{i},) = _scalar_values(S{i}, {v})")
-        if kind in "iuf":
+        if kind in "iuf" and not spec.enum:  # an enum member goes through matches()
             fast = f"type({v}) is NP{i} or type({v}) is T{i}"
             if kind in "iu":
                 fast = f"type({v}) is NP{i} or (type({v}) is T{i} and LO{i} <= {v} <= HI{i})"

@@ -165,6 +165,24 @@ def test_what_the_function_does_not_cover_goes_to_the_general_path(why, args):
     assert not sent
 
 
+class _Colour(__import__("enum").Enum):
+    RED = 1
+
+
+class _Level(__import__("enum").IntEnum):
+    LOW = 1
+
+
+def test_an_enum_parameter_takes_members_of_its_class_only():
+    specs = [ArgSpec("scalar", "int64", enum=f"{__name__}._Colour")]
+    fast, sent = fast_function(specs)
+    for other in (1, np.int64(1), _Level.LOW):  # equal values, but not a _Colour
+        assert fast((other,)) is NotImplemented
+    assert not sent
+    assert fast((_Colour.RED,)) is None
+    assert sent[0][1] == general_bytes(specs, (_Colour.RED,))
+
+
 @pytest.mark.parametrize("value", [2**31, -(2**31) - 1, True, 1.5])
 def test_integers_out_of_range_or_of_other_kinds_go_to_the_general_path(value):
     specs = [ArgSpec("scalar", "int32")]
