@@ -56,9 +56,10 @@ def test_summary_counts_passes_losses_and_launches(tmp_path):
     (tmp_path / "daskgpu-0.json").write_text(json.dumps({
         "m::T::a": {"outcome": "passed", "reason": "", "launches": 2},
         "m::T::b": {"outcome": "failed", "reason": "LinkError: y", "launches": 1}}))
-    summary = run.summarize(str(tmp_path), ["m"])
+    summary = run.summarize(str(tmp_path), ["m", "numba.broken"])
     assert summary["total"] == {"numba_passed": 2, "daskgpu_passed": 1, "no_launch": 0}
     assert summary["modules"]["m"]["lost"] == {"m::T::b": "failed: LinkError: y"}
+    assert summary["not_collected"] == ["numba.broken"]  # no outcome: it did not import
 
 
 def test_the_module_list_is_the_issues():
@@ -66,7 +67,8 @@ def test_the_module_list_is_the_issues():
 
     assert len(run.MODULES) == len(set(run.MODULES)) == 37 + 9
     assert all(m.startswith(("numba.cuda.tests.cudapy.", "numba.cuda.tests.doc_examples."))
-               for m in run.MODULES)
+               for m in run.MODULES + run.EXTRA)
+    assert not set(run.MODULES) & set(run.EXTRA)
 
 
 def test_a_negative_forall_raises_numbas_value_error_when_made():
