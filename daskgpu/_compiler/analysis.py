@@ -3,8 +3,9 @@
 The write set decides which arrays a launch copies back and returns. It is a
 may-write analysis: every variable that can hold (a view of) an argument array
 is tracked, and an argument counts as written when such a variable is stored
-into, passed to an atomic or a cache-hinted store, passed to a device function that writes that
-parameter, or passed to anything the analysis does not know to be read-only.
+into, passed to an atomic or a cache-hinted store, passed to a device function
+that writes that parameter, or passed to anything the analysis does not know
+to be read-only.
 """
 
 from __future__ import annotations

@@ -46,8 +46,9 @@ class ArgSpec:
 
     Parameters
     ----------
-    kind : {"array", "scalar", "record"}
-        "record" is a structured scalar (``np.record``/``np.void``) passed by value.
+    kind : {"array", "scalar", "record", "tuple"}
+        "record" is a structured scalar (``np.record``/``np.void``) passed by value;
+        "tuple" a tuple, whose members' specs ``dtype`` spells (:func:`tuple_code`).
     dtype : str
         The dtype of the scalar or of the array's elements, as :func:`dtype_code`
         spells it: a numpy dtype name (``"float32"``, ``"datetime64[ns]"``), or
@@ -170,7 +171,7 @@ _MEMBERS: dict = {}
 def tuple_code(members) -> str:
     """The :class:`ArgSpec` dtype of a tuple of ``members`` (ArgSpecs)."""
     return TUPLE_PREFIX + json.dumps(
-        [[m.kind, m.dtype, m.ndim, m.layout] for m in members], separators=(",", ":"))
+        [list(m.as_tuple()) for m in members], separators=(",", ":"))
 
 
 def tuple_members(code: str) -> tuple:

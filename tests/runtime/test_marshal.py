@@ -359,3 +359,17 @@ def test_an_enum_member_reaches_the_gpu_as_its_value():
     shipped = pickle.loads(pickle.dumps(kernel))
     out = shipped[1, 1](np.zeros(1, np.float64), _Colour.BLUE, _Ratio.HALF)
     assert out[0] == -3.5
+
+
+def test_enum_members_in_a_tuple_keep_their_class():
+    def k(out, t):
+        out[0] = t[0] is t[1]
+
+    out = np.zeros(1, np.bool_)
+    kernel = dg.jit(k).specialize(out, (_Colour.RED, _Colour.BLUE))
+    shipped = pickle.loads(pickle.dumps(kernel.ptx_kernel()))
+    (image,) = shipped.images
+    assert [m.enum for m in image.args[1].members] == [f"{__name__}._Colour"] * 2
+    assert shipped._select((out, (_Colour.BLUE, _Colour.BLUE))) is image
+    with pytest.raises(TypeError, match="member 1 expects a member of enum"):
+        shipped._select((out, (_Colour.BLUE, _Level.HIGH)))
