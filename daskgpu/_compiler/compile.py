@@ -16,7 +16,7 @@ from daskgpu._compiler.links import (
 from daskgpu._compiler.signatures import to_argspec
 from daskgpu._compiler.target import compiling_for
 from daskgpu._errors import CompileError
-from daskgpu._image.image import KernelImage
+from daskgpu._image.image import KernelImage, LinkInput
 from daskgpu._image.ptx import ptx_isa_version
 from daskgpu._runtime.faults import exception_name
 
@@ -141,6 +141,26 @@ def _exception_table(call_helper) -> tuple:
     return tuple(table)
 
 
+def _kernel_ptx(lib, entry: str, targets) -> tuple:
+    """``(((cc, PTX), ...), extra modules, entry)``: the kernel's PTX per target.
+
+    With debug info NVVM compiles each LLVM module of the library apart (device
+    functions compiled with another ``debug`` setting are modules of their own),
+    and numba-cuda links the PTX modules together. The module that defines the
+    kernel travels per target; the others, compiled for the lowest target, as
+    PTX link inputs. Symbols are renumbered across all of them at once, as they
+    call each other.
+    """
+    per_target = [lib.get_asm_strs(cc=cc) for cc in targets]
+    main = next((i for i, text in enumerate(per_target[0]) if f".entry {entry}(" in text), 0)
+    others = [text for i, text in enumerate(per_target[0]) if i != main]
+    texts, entry = stable_symbols([m[main] for m in per_target] + others, entry)
+    ptx = tuple(zip(targets, texts[:len(targets)]))
+    modules = tuple(LinkInput(f"module{i}.ptx", "ptx", text.encode())
+                    for i, text in enumerate(texts[len(targets):], 1))
+    return ptx, modules, entry
+
+
 def _versions(ptx: str) -> tuple:
     import numba_cuda
 
@@ -190,12 +210,9 @@ def compile_image(py_func, argtypes, options: CompileOptions) -> KernelImage:
                 from numba.cuda.cudadrv import nvvm
 
                 nvvm.set_launch_bounds(fn, options.launch_bounds)
-            texts, entry = stable_symbols(
-                [lib.get_asm_str(cc=cc) for cc in options.targets], fn.name
-            )
-            ptx = tuple(zip(options.targets, texts))
+            ptx, modules, entry = _kernel_ptx(lib, fn.name, options.targets)
             cooperative = bool(getattr(lib, "use_cooperative", False))
-            extra = implicit_links(lib, texts[0])
+            extra = implicit_links(lib, "\n".join([ptx[0][1], *(m.data.decode() for m in modules)]))
     except Exception as exc:
         if isinstance(exc, CompileError):
             raise
@@ -208,7 +225,8 @@ def compile_image(py_func, argtypes, options: CompileOptions) -> KernelImage:
         targets = tuple(max(cc, BFLOAT16_MIN_CC) for cc in options.targets)
         return compile_image(py_func, argtypes, replace(options, targets=targets))
     analysis = analyse(cres.type_annotation, len(argtypes))
-    links = link_inputs(tuple(options.link) + tuple(extra), lowest, options, lto=options.lto)
+    links = modules + link_inputs(tuple(options.link) + tuple(extra), lowest, options,
+                                  lto=options.lto)
     # Options at their defaults are left out, so that images (and their
     # hashes) of kernels that do not use them stay as they were.
     extra_options = tuple(

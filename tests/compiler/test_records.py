@@ -331,8 +331,8 @@ def test_fixed_width_string_arrays_and_fields_type_as_numba_types_them(case, sim
 def test_fixed_width_strings_match_numba(case, where):
     kernel, word, record = STRINGS[case]
     put = cuda.to_device if where == "device" else np.copy
-    k = pickle.loads(pickle.dumps(dg.jit(kernel)))
     words, recs = put(np.zeros(5, word)), put(np.zeros(2, record))
+    k = pickle.loads(pickle.dumps(dg.jit(kernel).specialize(words, recs)))
     k.forall(5)(words, recs)
     want_words, want_recs = np.zeros(5, word), np.zeros(2, record)
     cuda.jit(kernel).forall(5)(want_words, want_recs)

@@ -7,6 +7,7 @@ read them, and says so.
 """
 
 import dataclasses
+import itertools
 import re
 import struct
 
@@ -193,3 +194,29 @@ def test_link_picks_the_highest_target_at_or_below(monkeypatch, driver_12_9):
     link_cubin(IMAGE, (9, 0))
     assert seen == [IMAGE.ptx_for((7, 5)), IMAGE.ptx_for((9, 0))]
     assert "\n.target sm_75" in seen[0] and "\n.target sm_90" in seen[1]
+
+
+@needs_nvjitlink
+@pytest.mark.parametrize("kernel_debug, f1_debug, f2_debug",
+                         list(itertools.product([True, False], repeat=3)))
+def test_device_functions_of_another_debug_setting_link_as_modules_of_their_own(
+        driver_12_9, kernel_debug, f1_debug, f2_debug):
+    # numba-cuda's test_debuginfo::test_chained_device_function: with debug info,
+    # NVVM compiles each module apart, and the image carries one PTX text per module.
+    @cuda.jit(device=True, debug=f2_debug, opt=False)
+    def f2(x):
+        return x + 1
+
+    @cuda.jit(device=True, debug=f1_debug, opt=False)
+    def f1(x, y):
+        return x - f2(y)
+
+    def kernel(out, x, y):
+        out[0] = f1(x, y)
+
+    image = dg.jit("void(int32[::1], int32, int32)", debug=kernel_debug, opt=False,
+                   targets=["7.5", "9.0"])(kernel).images[0]
+    assert all(text.count(".version") == 1 for _, text in image.ptx)
+    modules = [x for x in image.links if x.name.startswith("module")]
+    assert len(modules) == (2 if kernel_debug else 0)  # f1's and f2's, beside the kernel's
+    assert elf_sm(link_cubin(image, (9, 0))) == 90
