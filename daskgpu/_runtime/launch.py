@@ -270,7 +270,9 @@ def select_image(name, images, args, infos=None, unsafe=True):
         signature_str(im.args) + _why_not(im, args) for im in images
     ) or "(none)"
     raise TypeError(
-        f"no compiled signature of kernel {name!r} matches the arguments {received}.\n"
+        # "No matching definition" first, as numba-cuda's message starts.
+        f"No matching definition: no compiled signature of kernel {name!r} matches the "
+        f"arguments {received}.\n"
         f"Compiled signatures:\n  {shipped}\n"
         "Pass arguments of one of these types (arrays of that dtype, rank and layout), "
         "or compile the signature on the client first: kernel.compile(sig) or "
