@@ -126,10 +126,10 @@ class RoutedKernel:
         self.__dict__["_shipped"] = None
         self.__dict__["_shipped_n"] = -1
         self.__dict__["_lock"] = threading.Lock()
+        self.__dict__["__doc__"] = dispatcher.__doc__
 
     def __getattr__(self, name):
-        if name.startswith("inspect_") or name in ("overloads", "signatures", "get_regs_per_thread",
-                                                   "get_shared_mem_per_block"):
+        if name.startswith(("inspect_", "get_")) or name in ("overloads", "signatures"):
             # What numba-cuda itself makes for the signatures launched: tests
             # that inspect the PTX inspect numba's, as without daskgpu.
             d = self._dispatcher
