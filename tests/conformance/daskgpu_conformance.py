@@ -135,7 +135,10 @@ class RoutedKernel:
             d = self._dispatcher
             for argtypes in self.__dict__.get("_seen", ()):
                 if d._can_compile and argtypes not in d.overloads:
-                    d.compile(argtypes)
+                    try:
+                        d.compile(argtypes)
+                    except Exception:  # noqa: BLE001 - it failed to compile at launch too,
+                        pass  # and numba keeps no overload for it either
         return getattr(self._dispatcher, name)
 
     def __setattr__(self, name, value):
