@@ -2,16 +2,16 @@
 
 ``kernels.pkl.gz`` holds each kernel that numba-cuda's tests (the modules of
 ``run.py``, issue #13's list and the extra ones) compiled through daskgpu on the
-GPU machine, as plain data
-(``kernel_refs.py``). Here each is rebuilt from the installed test modules'
-source, compiled for ``daskgpu.target-cc`` with no driver, pickled, and the
-pickles loaded in a fresh process where numba cannot be imported. A kernel
-that numba-cuda itself cannot compile (``compile_ptx`` for the same cc fails
-too: the tests of numba's own typing errors) is counted and left out; so is
-one whose function cannot be rebuilt from source here (made by ``exec``, or
-closing over a device array). Run with ``-s`` to see the counts. Regenerate the file with ``run.py`` on the GPU
-machine (it writes ``OUTDIR/kernels.pkl.gz``; merge the listed and the extra
-runs) when the module lists change.
+GPU machine, as plain data (``kernel_refs.py``). Here each is rebuilt from the
+installed test modules' source, compiled for ``daskgpu.target-cc`` with no
+driver, pickled, and the pickles loaded in a fresh process where numba cannot
+be imported. A kernel that numba-cuda itself cannot compile (``compile_ptx``
+for the same cc fails too: the tests of numba's own typing errors) is counted
+and left out; so is one whose function cannot be rebuilt from source here (made
+by ``exec``, or closing over a device array). Run with ``-s`` to see the counts.
+Regenerate the file with ``run.py`` on the GPU machine (it writes
+``OUTDIR/kernels.pkl.gz``; merge the listed and the extra runs) when the module
+lists change.
 """
 
 from __future__ import annotations
