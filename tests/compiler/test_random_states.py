@@ -29,14 +29,15 @@ def test_builder_is_ptx_only_and_compiles_without_a_gpu():
 
 
 def test_states_kernel_simulated_at_offset_2_40_for_a_2d_chunk():
-    # Rows 3..6, columns 5..20 of a (100, 2**36) array: g = (3 + i) * 2**36 + 5 + j.
+    # Rows 3..4, columns 5..8 of a (100, 2**36) array: g = (3 + i) * 2**36 + 5 + j.
+    # Few threads: each simulated jump is a Python loop of 128 steps.
     kernel = dg.jit(SIGNATURE)(build_states)
-    words = np.zeros((64, 2), np.uint64)
+    words = np.zeros((8, 2), np.uint64)
     u = np.uint64
     with dask.config.set({"daskgpu.simulate": True}):
-        kernel.forall(64)(words, JUMP_TABLE.copy(), u(splitmix64(5)), u(3 * 2**36 + 5),
-                          u(16), u(1), u(2**36), u(1), u(0))
-    g = (3 + np.arange(4, dtype=np.uint64)[:, None]) * u(2**36) + u(5) + np.arange(16, dtype=u)
+        kernel.forall(8)(words, JUMP_TABLE.copy(), u(splitmix64(5)), u(3 * 2**36 + 5),
+                         u(4), u(1), u(2**36), u(1), u(0))
+    g = (3 + np.arange(2, dtype=np.uint64)[:, None]) * u(2**36) + u(5) + np.arange(4, dtype=u)
     want = host_states(5, g)
     np.testing.assert_array_equal(words[:, 0], want["s0"])
     np.testing.assert_array_equal(words[:, 1], want["s1"])
