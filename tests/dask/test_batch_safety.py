@@ -6,7 +6,6 @@ Every test runs simulated, on one threaded cluster.
 
 from __future__ import annotations
 
-import json
 import os
 import random
 import signal

@@ -11,7 +11,7 @@ import pytest
 from numba import cuda
 
 import daskgpu as dg
-from daskgpu._dask.mapping import _ChunkLaunch
+from daskgpu._dask.chunk_task import ChunkLaunch
 
 
 @pytest.fixture
@@ -339,12 +339,12 @@ def test_written_input_comes_after_outputs(simulate):
 
 # -- graph, names, compilation ------------------------------------------------
 
-def _task_function(arr) -> _ChunkLaunch:
+def _task_function(arr) -> ChunkLaunch:
     """The chunk function of ``arr``'s launch tasks, read from its graph."""
     for task in dict(arr.__dask_graph__()).values():
         for node in getattr(task, "args", ()):
             value = getattr(node, "value", None)
-            if isinstance(value, _ChunkLaunch):
+            if isinstance(value, ChunkLaunch):
                 return value
     raise AssertionError("no map_kernel launch in the graph")
 

@@ -11,7 +11,7 @@ import pytest
 from numba import cuda
 
 import daskgpu as dg
-from daskgpu._dask import mapping
+from daskgpu._dask import chunk_task
 
 
 @pytest.fixture
@@ -63,7 +63,7 @@ def test_fused_tasks_pickle_and_name_both_kernels(simulate):
     first = dg.map_kernel(saxpy, dg.Out(np.float32, like=x), np.float32(2), x, y)
     z = dg.map_kernel(saxpy, dg.Out(np.float32, like=x), np.float32(2), first, y)
     task = dict(z.__dask_graph__())[(z.name, 0)]
-    fused = next(a.value for a in task.args if isinstance(getattr(a, "value", None), mapping._Fused))
+    fused = next(a.value for a in task.args if isinstance(getattr(a, "value", None), chunk_task.Fused))
     assert fused.__name__ == "saxpy+saxpy"
     again = pickle.loads(pickle.dumps(fused))
     assert (again.slot, again.count) == (fused.slot, fused.count)

@@ -9,7 +9,7 @@ import pytest
 from numba import cuda
 
 import daskgpu as dg
-from daskgpu._dask import mapping
+from daskgpu._dask import chunk_task, mapping
 
 
 @dg.jit
@@ -20,7 +20,7 @@ def saxpy(out, a, x, y):
 
 
 def test_the_launch_cache_is_bounded():
-    cache = mapping._LaunchCache(size=2)
+    cache = chunk_task._LaunchCache(size=2)
     made = []
 
     def make(key):
