@@ -144,9 +144,9 @@ def _exception_table(call_helper) -> tuple:
 def _kernel_ptx(lib, entry: str, targets) -> tuple:
     """``(((cc, PTX), ...), extra modules, entry)``: the kernel's PTX per target.
 
-    With debug info NVVM compiles each LLVM module of the library apart (device
-    functions compiled with another ``debug`` setting are modules of their own),
-    and numba-cuda links the PTX modules together. The module that defines the
+    With debug info NVVM compiles each LLVM module of the library apart (each
+    device function the kernel calls brings its own), and numba-cuda links the
+    PTX modules together. The module that defines the
     kernel travels per target; the others, compiled for the lowest target, as
     PTX link inputs. Symbols are renumbered across all of them at once, as they
     call each other.
