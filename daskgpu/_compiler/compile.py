@@ -146,10 +146,9 @@ def _kernel_ptx(lib, entry: str, targets) -> tuple:
 
     With debug info NVVM compiles each LLVM module of the library apart (each
     device function the kernel calls brings its own), and numba-cuda links the
-    PTX modules together. The module that defines the
-    kernel travels per target; the others, compiled for the lowest target, as
-    PTX link inputs. Symbols are renumbered across all of them at once, as they
-    call each other.
+    PTX modules together. The module that defines the kernel travels per target;
+    the others, compiled for the lowest target, as PTX link inputs. Symbols are
+    renumbered across all of them at once, as they call each other.
     """
     per_target = [lib.get_asm_strs(cc=cc) for cc in targets]
     main = next((i for i, text in enumerate(per_target[0]) if f".entry {entry}(" in text), 0)
@@ -212,7 +211,8 @@ def compile_image(py_func, argtypes, options: CompileOptions) -> KernelImage:
                 nvvm.set_launch_bounds(fn, options.launch_bounds)
             ptx, modules, entry = _kernel_ptx(lib, fn.name, options.targets)
             cooperative = bool(getattr(lib, "use_cooperative", False))
-            extra = implicit_links(lib, "\n".join([ptx[0][1], *(m.data.decode() for m in modules)]))
+            # Every module's PTX, as numba-cuda joins it (cached by the library).
+            extra = implicit_links(lib, lib.get_asm_str(cc=lowest))
     except Exception as exc:
         if isinstance(exc, CompileError):
             raise
