@@ -22,14 +22,10 @@ import re
 import site
 import sys
 
-from daskgpu._errors import DaskGPUError
+from daskgpu._errors import ConfigError
 
 _MISSING = object()
 _FN = os.path.join(os.path.dirname(__file__), "daskgpu.yaml")
-
-
-class ConfigError(DaskGPUError, ValueError):
-    """A ``daskgpu.*`` setting whose value cannot be used."""
 
 
 # -- parsers: raw value -> checked value; a ValueError's text says what is wanted -----

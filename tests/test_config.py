@@ -10,7 +10,7 @@ import dask.config
 import pytest
 
 from daskgpu import _config
-from daskgpu._config import ConfigError
+from daskgpu._errors import ConfigError
 
 _config.register()  # before dask.config.set, so the defaults outlive its blocks
 

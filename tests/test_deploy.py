@@ -13,7 +13,7 @@ import textwrap
 import pytest
 import yaml
 
-from daskgpu._cli.common import UsageError
+from daskgpu._errors import UsageError
 from daskgpu._cli.main import build_parser
 
 REPO = pathlib.Path(__file__).resolve().parents[1]

@@ -14,10 +14,11 @@ import sys
 
 import numpy as np
 
-from daskgpu._cli.common import Parser, UsageError, as_kernel, import_module, resolve
-from daskgpu._config import ConfigError
-from daskgpu._dask.batch import BatchError, _local_client, run_batch
-from daskgpu._errors import BundleError, DaskGPUError, LaunchConfigError
+from daskgpu._cli.common import Parser, as_kernel, import_module, resolve
+from daskgpu._dask.batch import _local_client, run_batch
+from daskgpu._errors import (
+    BatchError, BundleError, ConfigError, DaskGPUError, LaunchConfigError, UsageError,
+)
 
 __all__ = ["build_parser", "load_kernel", "main"]
 

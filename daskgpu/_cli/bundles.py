@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import json
 
-from daskgpu._cli.common import UsageError, as_kernel, import_module, resolve
+from daskgpu._cli.common import as_kernel, import_module, resolve
+from daskgpu._errors import UsageError
 from daskgpu._image.ptx import ptx_isa_version
 
 

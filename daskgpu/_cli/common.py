@@ -12,16 +12,7 @@ import os
 import re
 import sys
 
-from daskgpu._config import ConfigError
-from daskgpu._errors import BundleError, DaskGPUError, LaunchConfigError
-
-
-class UsageError(DaskGPUError, ValueError):
-    """A command line this parser refuses; raised instead of exiting."""
-
-    def __init__(self, message: str, parser: argparse.ArgumentParser | None = None):
-        super().__init__(message)
-        self.parser = parser
+from daskgpu._errors import BundleError, ConfigError, LaunchConfigError, UsageError
 
 
 #: What a command line asked for that cannot run as given: exit status 2.

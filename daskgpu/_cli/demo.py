@@ -159,7 +159,8 @@ def main(argv=None) -> int:
     >>> _demo.main(["--size", "1000000"])  # doctest: +SKIP
     0
     """
-    from daskgpu._cli.common import Parser, UsageError, positive_int
+    from daskgpu._cli.common import Parser, positive_int
+    from daskgpu._errors import UsageError
 
     parser = Parser(prog="daskgpu demo", description=__doc__)
     parser.add_argument("--size", type=positive_int, metavar="N",

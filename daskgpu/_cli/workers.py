@@ -15,7 +15,7 @@ import signal
 import sys
 
 from daskgpu._cli import info as _info
-from daskgpu._cli.common import UsageError
+from daskgpu._errors import UsageError
 from daskgpu._errors import DaskGPUError
 
 

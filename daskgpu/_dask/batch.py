@@ -32,10 +32,11 @@ import time
 import numpy as np
 
 from daskgpu._dask import ledger as _ledger
-from daskgpu._dask.batch_store import (BatchError, NpyFile, _ChunkCheck, _ChunkWriter,
+from daskgpu._dask.batch_store import (NpyFile, _ChunkCheck, _ChunkWriter,
                                        _open_inputs, _output_paths, _output_specs, _paths,
                                        _prepare_output, check_no_overlap)
 from daskgpu._dask.ledger import done_chunks
+from daskgpu._errors import BatchError
 
 __all__ = ["BatchError", "BatchReport", "NpyFile", "done_chunks", "run_batch"]
 

@@ -21,15 +21,11 @@ import numpy as np
 
 from daskgpu._dask import ledger as _ledger
 from daskgpu._dask.ledger import LEDGER, done_chunks
-from daskgpu._errors import DaskGPUError
+from daskgpu._errors import BatchError, LedgerError
 
 __all__ = ["BatchError", "NpyFile", "check_no_overlap", "open_input"]
 
 _NPY_MAGIC = b"\x93NUMPY"
-
-
-class BatchError(DaskGPUError, ValueError):
-    """A batch job that cannot start as given: its inputs, outputs or ledger."""
 
 
 
@@ -286,7 +282,7 @@ def _prepare_output(path, dtype, shape, chunksize, job, resume) -> set:
     if resume and os.path.exists(path):
         try:
             previous = _ledger.read_job(path)
-        except _ledger.LedgerError as exc:
+        except LedgerError as exc:
             raise BatchError(str(exc)) from None
         if previous is None:
             raise BatchError(

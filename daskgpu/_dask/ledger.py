@@ -21,6 +21,7 @@ import json
 import os
 import re
 
+from daskgpu._errors import LedgerError
 from daskgpu._files import atomic_write, fsync
 
 __all__ = ["JOB", "LEDGER", "LedgerError", "block_digest", "done_chunks", "file_digest",
@@ -30,10 +31,6 @@ __all__ = ["JOB", "LEDGER", "LedgerError", "block_digest", "done_chunks", "file_
 LEDGER = ".daskgpu-done"
 JOB = "job.json"
 _MARKER_RE = re.compile(r"\d+(\.\d+)*")
-
-
-class LedgerError(ValueError):
-    """A ledger file that cannot be read: the message names it and the fix."""
 
 
 def marker_name(block_id) -> str:

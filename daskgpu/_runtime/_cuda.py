@@ -6,7 +6,7 @@ import functools
 
 from cuda.bindings import driver
 
-from daskgpu._errors import DeviceError
+from daskgpu._errors import ContextLostError, CUDAError
 
 # Errors after which the context is unusable for the rest of the process.
 STICKY_ERRORS = frozenset(
@@ -25,22 +25,18 @@ STICKY_ERRORS = frozenset(
 )
 
 
-class CUDAError(DeviceError):
-    """A CUDA driver call failed; ``code`` is the ``CUresult``."""
-
-    def __init__(self, code, what: str):
-        self.code = code
-        err, name = driver.cuGetErrorName(code)
-        err, text = driver.cuGetErrorString(code)
-        name = name.decode() if isinstance(name, bytes) else str(code)
-        text = text.decode() if isinstance(text, bytes) else ""
-        self.sticky = code in STICKY_ERRORS
-        hint = (
-            " This error leaves the CUDA context unusable: the worker process must"
-            " be restarted (a Dask nanny does this when the task fails)."
-            if self.sticky else ""
-        )
-        super().__init__(f"{what} failed: {name}: {text}.{hint}")
+def cuda_error(code, what: str) -> CUDAError:
+    """The :class:`CUDAError` for ``code``, a :class:`ContextLostError` when it is sticky."""
+    err, name = driver.cuGetErrorName(code)
+    err, text = driver.cuGetErrorString(code)
+    name = name.decode() if isinstance(name, bytes) else str(code)
+    text = text.decode() if isinstance(text, bytes) else ""
+    if code in STICKY_ERRORS:
+        return ContextLostError(code, (
+            f"{what} failed: {name}: {text}. This error leaves the CUDA context unusable:"
+            " the worker process must be restarted (a Dask nanny does this when the task"
+            " fails)."))
+    return CUDAError(code, f"{what} failed: {name}: {text}.")
 
 
 _SUCCESS = driver.CUresult.CUDA_SUCCESS
@@ -50,7 +46,7 @@ def check(result, what: str):
     """Unpack a ``cuda.bindings`` result tuple, raising :class:`CUDAError`."""
     err = result[0]
     if err != _SUCCESS:
-        raise CUDAError(err, what)
+        raise cuda_error(err, what)
     if len(result) == 1:
         return None
     return result[1] if len(result) == 2 else result[1:]

@@ -20,6 +20,7 @@ from daskgpu._runtime import device as _device
 from daskgpu._runtime._cuda import (
     _SUCCESS,
     CUDAError,
+    cuda_error,
     check,
     driver_version,
     nvjitlink_version,
@@ -337,7 +338,7 @@ class _HostStaging:
         if err == driver.CUresult.CUDA_ERROR_OUT_OF_MEMORY:
             free, total = check(driver.cuMemGetInfo(), "cuMemGetInfo")
             raise DeviceError(out_of_memory_message(nbytes, self.allocated_bytes, free, total))
-        raise CUDAError(err, "cuMemAllocAsync")
+        raise cuda_error(err, "cuMemAllocAsync")
 
     def finish(self):
         """Copy written arrays back and wait for them."""
@@ -475,7 +476,7 @@ def run(image, config, args, infos):
                 kernel.function, *griddim, *blockdim, config.sharedmem, stream, params, 0
             )[0]
         if err != _SUCCESS:  # the message is only formatted when needed
-            raise CUDAError(err, f"launching kernel {image.name!r}")
+            raise cuda_error(err, f"launching kernel {image.name!r}")
         if staging is not None:
             staging.finish()
         if kernel.errcode is not None:
@@ -631,7 +632,7 @@ def _device_info(value):
 
 
 def _launch_failed(err, name):
-    exc = CUDAError(err, f"launching kernel {name!r}")
+    exc = cuda_error(err, f"launching kernel {name!r}")
     if exc.sticky:
         replace_worker_process(exc)
     raise exc

@@ -17,7 +17,7 @@ from numba import cuda
 import daskgpu as dg
 from daskgpu._cli import info as _info
 from daskgpu._cli import main as cli
-from daskgpu._cli.common import UsageError
+from daskgpu._errors import UsageError
 from daskgpu._cli.main import build_parser, main
 from daskgpu._cli.workers import nanny_options
 

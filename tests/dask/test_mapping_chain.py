@@ -113,7 +113,7 @@ def test_what_is_not_fused(simulate, case):
 
 def test_the_setting_is_validated():
     from daskgpu import _config
-    from daskgpu._config import ConfigError
+    from daskgpu._errors import ConfigError
 
     assert _config.check()["fuse-chains"] is True
     with dask.config.set({"daskgpu.fuse-chains": "maybe"}), pytest.raises(

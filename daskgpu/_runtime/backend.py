@@ -1,0 +1,106 @@
+"""Where launches run: on this process's GPU, or in Numba's CUDA simulator.
+
+Two implementations of one small interface, :class:`GPUBackend` and
+:class:`SimulatorBackend`; :func:`current` is the one place that chooses between
+them, from the ``daskgpu.simulate`` setting (workers read it once, as they
+start; a client reads it where a graph or a pickle is made). The rest of
+daskgpu asks the backend what to do instead of testing the setting itself,
+as httpx code asks its transport.
+
+An image that carries its Python function (shipped by a simulating client)
+can only be simulated, wherever it lands: :func:`for_image` says so.
+"""
+
+from __future__ import annotations
+
+from daskgpu import _config
+from daskgpu._errors import DeviceError
+
+__all__ = ["GPUBackend", "SimulatorBackend", "current", "for_image"]
+
+
+class GPUBackend:
+    """Launch linked PTX on this thread's CUDA device."""
+
+    simulated = False
+    name = "gpu"
+
+    def run(self, image, config, args, infos, function=None) -> None:
+        """Launch ``image`` with ``config`` on ``args`` (their array infos ``infos``)."""
+        from daskgpu._runtime.launcher import run
+
+        run(image, config, args, infos)
+
+    def repeat_launch(self, image, config, infos, args, images):
+        """A function that repeats this launch on new device arguments, or None."""
+        from daskgpu._runtime.launcher import device_launch
+
+        return device_launch(image, config, infos, args, images)
+
+    def random_states(self, seed, base, shape, strides, builder):
+        """The xoroshiro128+ states of one launch, built on the device by ``builder``."""
+        from daskgpu._runtime.random_states import build
+
+        return build(seed, base, shape, strides, builder)
+
+    def device_chain(self):
+        """A :class:`~daskgpu._runtime.staging.DeviceChain` that keeps a fused chain's
+        intermediates on the device, or None where launches cannot share one."""
+        from daskgpu._runtime.launcher import stager
+        from daskgpu._runtime.staging import DeviceChain
+
+        return DeviceChain(stager)
+
+
+class SimulatorBackend:
+    """Run a kernel's Python function in Numba's CUDA simulator, on host arrays."""
+
+    simulated = True
+    name = "simulator"
+
+    def run(self, image, config, args, infos, function=None) -> None:
+        from daskgpu._runtime import simulator
+
+        if function is not None:  # a client kernel: its live function
+            simulator.run_function(function, config, args)
+        elif image.py_func is None:
+            raise DeviceError(
+                f"kernel {image.name.rpartition('.')[2]!r} was shipped PTX only (a bundle, "
+                "or pickled while daskgpu.simulate was off), and the CUDA simulator runs "
+                "only Python functions. Run it on a GPU with daskgpu.simulate off, or ship "
+                "the client kernel (dg.jit) while daskgpu.simulate is on")
+        else:
+            simulator.run(image, config, args)
+
+    def repeat_launch(self, image, config, infos, args, images):
+        return None  # every simulated launch takes the general path
+
+    def random_states(self, seed, base, shape, strides, builder):
+        from daskgpu._runtime.random_states import build
+
+        return build(seed, base, shape, strides, None)  # on the host, by the jump table
+
+    def device_chain(self):
+        return None
+
+
+GPU = GPUBackend()
+SIMULATOR = SimulatorBackend()
+
+
+def current():
+    """This process's backend: the simulator while ``daskgpu.simulate`` is on, else the GPU.
+
+    Examples
+    --------
+    >>> import dask.config
+    >>> with dask.config.set({"daskgpu.simulate": True}):
+    ...     current().name
+    'simulator'
+    """
+    return SIMULATOR if _config.flag("simulate") else GPU
+
+
+def for_image(image):
+    """The backend that runs ``image``: the simulator for an image with its Python function."""
+    return SIMULATOR if image.py_func is not None else current()
