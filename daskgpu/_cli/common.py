@@ -132,7 +132,7 @@ def as_kernel(obj, sigs, overrides, what):
         if not sigs and not overrides:
             return obj
         options = dataclasses.replace(obj.options, **overrides)
-        return Kernel(obj.py_func, sigs or list(obj._images), options)
+        return Kernel(obj.py_func, sigs or obj.argtypes, options)
     if hasattr(obj, "py_func") and hasattr(obj, "targetoptions"):  # numba.cuda.jit
         try:
             return kernel(obj, sigs or None, **overrides)

@@ -108,17 +108,48 @@ class Kernel(LaunchAPI):
         """
         return Kernel(self.py_func, [typeof_args(args)], self.options)
 
+    def launch_images(self):
+        """The live container of this kernel's images: it grows as the kernel compiles.
+
+        A launch's repeat path watches its length to know when another image
+        could take its arguments.
+        """
+        return self._images.values()
+
     @property
     def images(self) -> tuple:
         """The compiled :class:`KernelImage` objects, in compile order."""
         return tuple(self._images.values())
 
     @property
+    def argtypes(self) -> list:
+        """The compiled signatures as tuples of Numba types, in compile order."""
+        return list(self._images)
+
+    @property
     def signatures(self) -> list:
         """The compiled signatures, as strings."""
         return [im.signature for im in self.images]
 
-    def _select(self, args, infos=None):
+    def select_image(self, args, infos=None):
+        """The image a launch on ``args`` runs, as Numba's dispatcher picks it.
+
+        A lazy kernel compiles a new signature for arguments no image takes
+        (as Numba's lazy dispatchers do); an eager one casts or raises
+        ``TypeError``. ``infos`` are the arguments' array facts, when already read.
+
+        Examples
+        --------
+        >>> import numpy as np, daskgpu as dg
+        >>> from numba import cuda
+        >>> @dg.jit
+        ... def double(x):
+        ...     i = cuda.grid(1)
+        ...     if i < x.size:
+        ...         x[i] *= 2
+        >>> double.select_image((np.zeros(4, np.float32),)).signature
+        '(float32[::1])'
+        """
         try:
             # A lazy kernel compiles for new types where an eager one casts, as in Numba.
             return select_image(self.__name__, self.images, args, infos, unsafe=not self._lazy)

@@ -302,7 +302,7 @@ def _plan(kernel, inputs, outputs, scalars, chunks, resume, client) -> _Plan:
                              *arrays)
         examples = ([np.empty((1,) * first.ndim, dt) for _, dt in outs] + list(scalars)
                     + [np.empty((1,) * a.ndim, a.dtype) for a in arrays])
-        image = kernel._select(examples)
+        image = kernel.select_image(examples)
     except TypeError as exc:
         raise BatchError(
             f"kernel {getattr(kernel, '__name__', kernel)!r} does not fit this batch, which "

@@ -15,7 +15,7 @@ import threading
 import numpy as np
 
 from daskgpu._image.argspec import Zeroed
-from daskgpu._runtime.launch import _unwrap
+from daskgpu._runtime.launch import unwrap
 
 # Parameter kinds of a ChunkLaunch; CHUNK, WHOLE and VALUE take a task argument.
 CHUNK, OUT, WHOLE, VALUE, OFFSET = "chunk", "out", "whole", "value", "offset"
@@ -154,8 +154,8 @@ class ChunkLaunch:
                 raise
         lead = (1,) * len(block)  # a per-chunk output is one block of the result
         return tuple(
-            _unwrap(args[i]).reshape(lead + self.params[i][1][1])
-            if self.params[i][0] == PER_CHUNK else _unwrap(args[i])
+            unwrap(args[i]).reshape(lead + self.params[i][1][1])
+            if self.params[i][0] == PER_CHUNK else unwrap(args[i])
             for i in self.returns
         )
 

@@ -448,7 +448,7 @@ def _examples(roles, arrays, ndim):
 
 def _select(kernel, examples):
     try:
-        return kernel._select(examples)
+        return kernel.select_image(examples)
     except TypeError as exc:
         raise TypeError(
             "map_kernel passes each chunk as a C-contiguous array of its dask array's "

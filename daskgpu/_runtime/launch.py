@@ -22,11 +22,11 @@ def written_result(args, writes):
     if not writes:
         return None
     if len(writes) == 1:
-        return _unwrap(args[writes[0]])
-    return tuple(_unwrap(args[i]) for i in writes)
+        return unwrap(args[writes[0]])
+    return tuple(unwrap(args[i]) for i in writes)
 
 
-def _unwrap(arg):
+def unwrap(arg):
     if type(arg) is Zeroed:
         return arg.array
     if type(arg).__module__ == "numba.cuda.args":  # cuda.In / Out / InOut
@@ -88,15 +88,14 @@ class Launch:
             return _with_states(self, args)
         # Each argument's array facts are read once, for matching and marshalling.
         infos = [array_info(a) for a in args]
-        image = self.kernel._select(args, infos)
+        image = self.kernel.select_image(args, infos)
         result = self.kernel._run(image, self.config, args, infos)
         # Only the first image may take the fast path: matching one image alone
         # must pick what select_image would.
         if image.py_func is None and not _config.simulating() and image is self.kernel.images[0]:
             from daskgpu._runtime.launcher import device_launch
 
-            # A client kernel's images by signature grow as it compiles more.
-            images = getattr(self.kernel, "_images", None) or self.kernel.images
+            images = self.kernel.launch_images()
             self._fast = device_launch(image, self.config, infos, args, images)
         return result
 
@@ -121,7 +120,7 @@ def _with_states(launch, args):
     placeholders = {i for i, a in enumerate(args) if type(a) is RandomStates}
     args = expand(args)
     infos = [array_info(a) for a in args]
-    image = launch.kernel._select(args, infos)
+    image = launch.kernel.select_image(args, infos)
     launch.kernel._run(image, launch.config, args, infos)
     return written_result(args, [i for i in image.writes if i not in placeholders])
 
@@ -409,8 +408,16 @@ class PTXKernel(LaunchAPI):
         """The compiled signatures, as strings, in image order."""
         return [im.signature for im in self.images]
 
-    def _select(self, args, infos=None):
+    def select_image(self, args, infos=None):
+        """The image a launch on ``args`` runs, as Numba's dispatcher picks it; else ``TypeError``.
+
+        ``infos`` are the arguments' array facts, when already read.
+        """
         return select_image(self.__name__, self.images, args, infos)
+
+    def launch_images(self):
+        """The container of this kernel's images (fixed: a PTXKernel compiles nothing)."""
+        return self.images
 
     def __reduce__(self):
         return PTXKernel, (self.images,)

@@ -246,7 +246,7 @@ def test_specialize_types_from_arguments():
 
 def test_lazy_kernel_compiles_a_new_signature_on_selection():
     k = dg.jit(_store)
-    image = k._select((np.zeros(3, np.int32), 7))
+    image = k.select_image((np.zeros(3, np.int32), 7))
     assert image.signature == "(int32[::1], int64)"
     assert k.signatures == ["(int32[::1], int64)"]
 
@@ -254,7 +254,7 @@ def test_lazy_kernel_compiles_a_new_signature_on_selection():
 def test_eager_kernel_refuses_unknown_signature():
     k = dg.jit("void(float32[::1], float32)")(_store)
     with pytest.raises(TypeError, match=r"no compiled signature of kernel '_store'.*\(float64\[::1\] \(host\), float\)"):
-        k._select((np.zeros(3), 1.0))
+        k.select_image((np.zeros(3), 1.0))
     assert k.signatures == ["(float32[::1], float32)"]
 
 

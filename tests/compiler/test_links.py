@@ -129,10 +129,10 @@ def store(out, v):
 
 def test_a_python_float_selects_float64_as_numba_does():
     k = dg.jit(["void(float64[::1], float32)", "void(float64[::1], float64)"])(store)
-    assert k._select([np.zeros(1), 1.5]).signature == "(float64[::1], float64)"
-    assert k._select([np.zeros(1), np.float32(1.5)]).signature == "(float64[::1], float32)"
+    assert k.select_image([np.zeros(1), 1.5]).signature == "(float64[::1], float64)"
+    assert k.select_image([np.zeros(1), np.float32(1.5)]).signature == "(float64[::1], float32)"
     shipped = pickle.loads(pickle.dumps(k))
-    assert shipped._select([np.zeros(1), 1.5]).signature == "(float64[::1], float64)"
+    assert shipped.select_image([np.zeros(1), 1.5]).signature == "(float64[::1], float64)"
 
 
 class MyError(Exception):

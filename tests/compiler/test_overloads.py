@@ -15,7 +15,7 @@ def store(out, x):
 
 
 def sig_of(kernel, *args):
-    return kernel._select(args).signature
+    return kernel.select_image(args).signature
 
 
 def test_an_eager_kernel_takes_an_out_of_range_int_by_an_unsafe_cast():
@@ -23,7 +23,7 @@ def test_an_eager_kernel_takes_an_out_of_range_int_by_an_unsafe_cast():
     assert sig_of(k, np.zeros(1, np.int32), 0xFFFFFFFF) == "(int32[:], int32)"
     assert sig_of(k, np.zeros(1, np.int32), np.uint64(2**40)) == "(int32[:], int32)"
     shipped = pickle.loads(pickle.dumps(k))  # a worker cannot compile either
-    assert shipped._select((np.zeros(1, np.int32), 0x80000000)).signature == "(int32[:], int32)"
+    assert shipped.select_image((np.zeros(1, np.int32), 0x80000000)).signature == "(int32[:], int32)"
 
 
 def test_a_lazy_kernel_compiles_instead_of_casting_unsafely():
@@ -38,7 +38,7 @@ def test_an_integer_array_is_read_as_the_signatures_integer_dtype_of_its_size():
     assert sig_of(k, np.zeros(1, np.uint32), 1) == "(int32[:], int32)"
     for wrong in (np.zeros(1, np.float32), np.zeros(1, np.int64), np.zeros((1, 1), np.uint32)):
         with pytest.raises(TypeError, match="no compiled signature"):
-            k._select((wrong, 1))
+            k.select_image((wrong, 1))
 
 
 def test_exact_matches_win_over_unsafe_casts():

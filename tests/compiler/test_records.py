@@ -135,7 +135,7 @@ def test_record_arrays_and_record_scalars_simulated(simulate):
 def test_record_mismatch_names_the_dtypes():
     k = set_record.specialize(np.zeros(2, ALIGNED), np.zeros(1, ALIGNED)[0])
     with pytest.raises(TypeError, match="same fields, offsets and itemsize"):
-        k.ptx_kernel()._select([np.zeros(2, PACKED), np.zeros(1, ALIGNED)[0]])
+        k.ptx_kernel().select_image([np.zeros(2, PACKED), np.zeros(1, ALIGNED)[0]])
 
 
 def test_cuda_in_out_inout_match_the_array_they_wrap():
@@ -199,7 +199,7 @@ def test_namedtuples_and_empty_tuples_compile(simulate):
     k[1, 1](r, Point(1, 2, 0.5), ())
     assert r[0] == 3.5
     with pytest.raises(TypeError, match="member 2"):
-        k.ptx_kernel()._select([r, (1, 2, "x"), ()])
+        k.ptx_kernel().select_image([r, (1, 2, "x"), ()])
 
 
 def shift_dates(out, dates, delta):

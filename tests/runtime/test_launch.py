@@ -272,19 +272,19 @@ def test_unpickle_launch_without_numba(simulate):
 def test_selects_the_matching_signature():
     f32 = np.zeros(8, np.float32)
     f64 = np.zeros(8)
-    assert saxpy._select((f32, 2.0, f32, f32)) is saxpy.images[0]
-    assert saxpy._select((f64, 2.0, f64, f64)) is saxpy.images[1]
+    assert saxpy.select_image((f32, 2.0, f32, f32)) is saxpy.images[0]
+    assert saxpy.select_image((f64, 2.0, f64, f64)) is saxpy.images[1]
     # "A" layout takes strided arrays; the C-contiguous signature does not.
-    assert saxpy._select((f64[::2], 2.0, f64, f64[::2])) is saxpy.images[1]
+    assert saxpy.select_image((f64[::2], 2.0, f64, f64[::2])) is saxpy.images[1]
     shipped = PTXKernel(saxpy.images)
-    assert shipped._select((f64[::2], 2.0, f64, f64[::2])) is saxpy.images[1]
+    assert shipped.select_image((f64[::2], 2.0, f64, f64[::2])) is saxpy.images[1]
 
 
 def test_no_matching_signature_lists_signatures_and_received_types():
     shipped = PTXKernel(saxpy.images)
     args = (np.zeros(8, np.int32), 2.0, np.zeros(8, np.float32), np.zeros((2, 2), np.float32))
     with pytest.raises(TypeError) as info:
-        shipped._select(args)
+        shipped.select_image(args)
     msg = str(info.value)
     assert msg.startswith("No matching definition")  # numba-cuda's words, for code that looks
     assert "no compiled signature of kernel 'saxpy_py' matches the arguments " \
@@ -308,7 +308,7 @@ def test_no_matching_signature_lists_signatures_and_received_types():
 def test_no_match_says_which_argument_and_why(args, reason):
     k = dg.jit("void(float32[:, ::1], int8)")(_store_first)
     with pytest.raises(TypeError) as info:
-        k.ptx_kernel()._select(args)
+        k.ptx_kernel().select_image(args)
     assert f"(float32[:, ::1], int8): {reason}" in str(info.value)
 
 
@@ -319,15 +319,15 @@ def _store_first(a, b):
 def test_strided_array_does_not_match_a_contiguous_signature():
     x = np.zeros(16, np.float32)
     with pytest.raises(TypeError, match=r"float32\[:\] \(host\)"):
-        PTXKernel(saxpy.images[:1])._select((x[::2], 1.0, x[:8], x[:8]))
+        PTXKernel(saxpy.images[:1]).select_image((x[::2], 1.0, x[:8], x[:8]))
 
 
 def test_wrong_argument_count():
     x = np.zeros(4, np.float32)
     with pytest.raises(TypeError, match=r"matches the arguments \(float32\[::1\] \(host\), float\)"):
-        saxpy._select((x, 1.0))
+        saxpy.select_image((x, 1.0))
     with pytest.raises(TypeError, match="no compiled signature"):
-        saxpy._select((x, 1.0, x, x, x))
+        saxpy.select_image((x, 1.0, x, x, x))
 
 
 # An eager kernel takes any integer for an int8 parameter, wrapping as a C cast
@@ -340,10 +340,10 @@ def test_wrong_argument_count():
 def test_an_int8_parameter_takes_integers_and_no_floats(value, ok):
     out = np.zeros(1, np.int8)
     if ok:
-        assert put8._select((out, value)) is put8.images[0]
+        assert put8.select_image((out, value)) is put8.images[0]
     else:
         with pytest.raises(TypeError, match=r"Compiled signatures:\n  \(int8\[::1\], int8\)"):
-            put8._select((out, value))
+            put8.select_image((out, value))
 
 
 def test_kernel_with_no_images_reports_none():

@@ -295,7 +295,7 @@ def test_an_enum_kernel_compiles_and_selects_its_image():
     kernel = dg.jit(k).specialize(np.zeros(1, np.int32), _Colour.RED)
     (image,) = kernel.images
     assert str(image.args[1]) == "Enum<int64>(_Colour)"  # as Numba prints the type
-    assert kernel._select((np.zeros(1, np.int32), _Colour.BLUE)) is image
+    assert kernel.select_image((np.zeros(1, np.int32), _Colour.BLUE)) is image
 
 
 def test_an_enum_with_tuple_values_is_matched_as_its_tuple():
@@ -305,7 +305,7 @@ def test_an_enum_with_tuple_values_is_matched_as_its_tuple():
     kernel = dg.jit(k).specialize(np.zeros(1, np.bool_), _Planet.MERCURY, _Planet.VENUS)
     (image,) = kernel.images
     assert [str(s) for s in image.args[1:]] == ["Enum<Tuple(float64, float64)>(_Planet)"] * 2
-    assert kernel._select((np.zeros(1, np.bool_), _Planet.VENUS, _Planet.VENUS)) is image
+    assert kernel.select_image((np.zeros(1, np.bool_), _Planet.VENUS, _Planet.VENUS)) is image
     assert image.args[1].accepts(_Planet.VENUS) and not image.args[1].accepts(_Colour.RED)
 
 
@@ -322,11 +322,11 @@ def test_a_member_of_another_enum_class_with_an_equal_value_is_not_taken(tmp_pat
     for shipped in (pickle.loads(pickle.dumps(kernel.ptx_kernel())), dg.load(tmp_path / "k.dgk")):
         (image,) = shipped.images
         assert image.args[1].enum == f"{__name__}._Colour"
-        assert shipped._select((out, _Colour.BLUE, _Colour.RED)) is image
+        assert shipped.select_image((out, _Colour.BLUE, _Colour.RED)) is image
         with pytest.raises(TypeError, match=r"expects a member of enum .*\._Colour, got"):
-            shipped._select((out, _Colour.RED, _Level.HIGH))
+            shipped.select_image((out, _Colour.RED, _Level.HIGH))
         with pytest.raises(TypeError, match="expects a member of enum"):
-            shipped._select((out, _Colour.RED, 1))
+            shipped.select_image((out, _Colour.RED, 1))
     from daskgpu._compiler.signatures import typeof_args
 
     both = dg.jit(is_same)
@@ -370,6 +370,6 @@ def test_enum_members_in_a_tuple_keep_their_class():
     shipped = pickle.loads(pickle.dumps(kernel.ptx_kernel()))
     (image,) = shipped.images
     assert [m.enum for m in image.args[1].members] == [f"{__name__}._Colour"] * 2
-    assert shipped._select((out, (_Colour.BLUE, _Colour.BLUE))) is image
+    assert shipped.select_image((out, (_Colour.BLUE, _Colour.BLUE))) is image
     with pytest.raises(TypeError, match="member 1 expects a member of enum"):
-        shipped._select((out, (_Colour.BLUE, _Level.HIGH)))
+        shipped.select_image((out, (_Colour.BLUE, _Level.HIGH)))
