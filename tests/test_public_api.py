@@ -86,7 +86,7 @@ def test_lazy_names_load_their_module_on_first_use():
 
 
 def test_private_modules_are_modules():
-    for name in ("_image.argspec", "_image.image", "_image.config", "_runtime.launch",
+    for name in ("_image.argspec", "_image.image", "_image.launch_config", "_runtime.launch",
                  "_compiler.kernel", "_runtime.simulator", "_errors", "_config", "_files"):
         assert isinstance(importlib.import_module(f"daskgpu.{name}"), types.ModuleType)
 

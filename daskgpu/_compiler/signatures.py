@@ -13,13 +13,12 @@ from daskgpu._errors import CompileError
 from daskgpu._image.argspec import (
     BFLOAT16,
     ArgSpec,
-    array_info,
     class_name,
     dtype_code,
     is_bfloat16,
-    layout_of,
     tuple_code,
 )
+from daskgpu._image.array_info import array_info, layout_of
 
 
 def normalize(sig) -> tuple:

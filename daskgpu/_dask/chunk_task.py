@@ -14,7 +14,7 @@ import threading
 
 import numpy as np
 
-from daskgpu._image.argspec import Zeroed
+from daskgpu._image.array_info import Zeroed
 from daskgpu._runtime.launch import unwrap
 
 # Parameter kinds of a ChunkLaunch; CHUNK, WHOLE and VALUE take a task argument.

@@ -13,6 +13,8 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from daskgpu._image.array_info import array_info, has_layout, layout_of
+
 # Numba spells a few dtypes differently from numpy.
 _NUMBA_DTYPE_NAMES = {"bool": "boolean"}
 
@@ -136,9 +138,10 @@ class ArgSpec:
         if self.kind == "array":
             return (
                 info is not None
-                and dtype_fits(info[0], dtype_of(self.dtype))
-                and len(info[1]) == self.ndim
-                and (self.layout == "A" or _has_layout(info[1], info[2], info[0].itemsize, self.layout))
+                and dtype_fits(info.dtype, dtype_of(self.dtype))
+                and len(info.shape) == self.ndim
+                and (self.layout == "A"
+                     or has_layout(info.shape, info.strides, info.dtype.itemsize, self.layout))
             )
         if self.kind == "record":
             return info is None and isinstance(value, np.void) and value.dtype == dtype_of(self.dtype)
@@ -298,139 +301,6 @@ def _readable(dtype: np.dtype) -> str:
         f"{n}:{_readable(dtype.fields[n][0])}@{dtype.fields[n][1]}" for n in dtype.names
     )
     return f"Record({fields};{dtype.itemsize}{';aligned' if dtype.isalignedstruct else ''})"
-
-
-def array_info(value):
-    """``(dtype, shape, strides, device_pointer)`` of an array, else None.
-
-    ``device_pointer`` is None for host (numpy) arrays. Device arrays are read
-    through ``__cuda_array_interface__``, so CuPy, Numba and PyTorch arrays are
-    recognised without importing them; CuPy's own attributes are read directly
-    because building its interface dict costs more than the rest of a launch.
-    """
-    if isinstance(value, np.ndarray):
-        return value.dtype, value.shape, value.strides, None
-    reader = _READERS.get(type(value))
-    if reader is None:
-        reader = _READERS.setdefault(type(value), _reader_for(type(value)))
-    return reader(value)
-
-
-class Zeroed:
-    """A host array passed to a launch as a fresh output: on the device it starts
-    as zeros instead of being copied in; it is copied back when written.
-
-    ``map_kernel`` wraps the outputs it allocates in this, saving one copy of
-    every output chunk to the GPU. A GPU launch may replace ``array`` with a
-    page-locked array of the same shape, dtype and layout, which comes back
-    from the GPU without a host copy: read the result from ``array`` after.
-    """
-
-    __slots__ = ("array",)
-
-    def __init__(self, array: np.ndarray):
-        self.array = array
-
-
-def _read_zeroed(value):
-    a = value.array
-    return a.dtype, a.shape, a.strides, None
-
-
-def _read_cai(value):
-    cai = value.__cuda_array_interface__
-    dtype = np.dtype(cai["typestr"])
-    if dtype.kind == "V" and cai.get("descr"):
-        dtype = _dtype_from_descr(cai["descr"], dtype)
-    shape = tuple(cai["shape"])
-    strides = cai.get("strides") or c_strides(shape, dtype.itemsize)
-    return dtype, shape, tuple(strides), cai["data"][0]
-
-
-def _dtype_from_descr(descr, plain):
-    # numpy's own reader of descr lists, padding fields included.
-    try:
-        from numpy.lib.format import descr_to_dtype
-
-        dtype = descr_to_dtype([tuple(d) for d in descr])
-    except Exception:  # a descr numpy cannot read: the record spec decides by size
-        return plain
-    return dtype if dtype.itemsize == plain.itemsize else plain
-
-
-def _read_cupy(value):
-    return value.dtype, value.shape, value.strides, value.data.ptr
-
-
-def _read_nothing(value):
-    return None
-
-
-def _read_instance_cai(value):
-    # The interface may be an instance attribute (CAI allows any attribute).
-    if hasattr(value, "__cuda_array_interface__"):
-        return _read_cai(value)
-    return None
-
-
-def _read_hint(value):
-    return array_info(value.value)
-
-
-def _reader_for(cls):
-    if cls.__module__ == "numba.cuda.args" and cls.__name__ in ("In", "Out", "InOut"):
-        return _read_hint  # numba-cuda's copy hints: the array they wrap
-    if not hasattr(cls, "__cuda_array_interface__"):
-        # Instances without a __dict__ (numbers, numpy scalars) cannot carry
-        # the interface; others may, one by one.
-        return _read_instance_cai if cls.__dictoffset__ else _read_nothing
-    if cls.__module__.startswith("cupy") and cls.__name__ == "ndarray":
-        return _read_cupy
-    return _read_cai
-
-
-# How to read each argument type seen so far: one entry per Python type.
-_READERS: dict = {Zeroed: _read_zeroed}
-
-#: The readers of arrays whose interface may name a producer stream to wait for
-#: (CuPy's own attributes are read without it).
-_CAI_READERS = frozenset({_read_cai, _read_instance_cai})
-
-
-def c_strides(shape, itemsize):
-    strides, step = [], itemsize
-    for n in reversed(shape):
-        strides.append(step)
-        step *= max(n, 1)
-    return tuple(reversed(strides))
-
-
-def layout_of(shape, strides, itemsize) -> str:
-    """Numba's layout letter for an array: "C", "F" or "A"."""
-    if _has_layout(shape, strides, itemsize, "C"):
-        return "C"
-    return "F" if _has_layout(shape, strides, itemsize, "F") else "A"
-
-
-def _has_layout(shape, strides, itemsize, layout) -> bool:
-    if layout == "A":
-        return True
-    if len(shape) == 1:  # the common case, on every launch
-        return shape[0] <= 1 or strides[0] == itemsize
-    if layout == "C":
-        return _contiguous(shape, strides, itemsize, reversed(range(len(shape))))
-    return _contiguous(shape, strides, itemsize, range(len(shape)))
-
-
-def _contiguous(shape, strides, itemsize, order) -> bool:
-    if 0 in shape:  # an empty array is contiguous in every order, as numpy says
-        return True
-    step = itemsize
-    for axis in order:
-        if shape[axis] != 1 and strides[axis] != step:
-            return False
-        step *= shape[axis]
-    return True
 
 
 def mismatch(spec: ArgSpec, value) -> str | None:

@@ -10,10 +10,9 @@ import numpy as np
 
 from daskgpu import _config
 from daskgpu._errors import LaunchConfigError, PicklingError
-from daskgpu._image.argspec import (
-    Zeroed, _has_layout, array_info, describe, mismatch, passed_value, signature_str,
-)
-from daskgpu._image.config import LaunchConfig
+from daskgpu._image.argspec import describe, mismatch, passed_value, signature_str
+from daskgpu._image.array_info import Zeroed, array_info, has_layout
+from daskgpu._image.launch_config import LaunchConfig
 from daskgpu._image.random_states import RandomStates
 
 
@@ -290,10 +289,10 @@ def _casts_unsafely(spec, info, value) -> bool:
         return False
     want = spec.np_dtype if spec.kind in ("array", "scalar") else None
     if spec.kind == "array":
-        return (info is not None and len(info[1]) == spec.ndim
-                and info[0].kind in "iu" and want.kind in "iu"
-                and info[0].itemsize == want.itemsize
-                and (spec.layout == "A" or _has_layout(info[1], info[2], info[0].itemsize,
+        return (info is not None and len(info.shape) == spec.ndim
+                and info.dtype.kind in "iu" and want.kind in "iu"
+                and info.dtype.itemsize == want.itemsize
+                and (spec.layout == "A" or has_layout(info.shape, info.strides, info.dtype.itemsize,
                                                        spec.layout)))
     if spec.kind == "tuple":
         members = spec.members
@@ -316,7 +315,7 @@ def conversion_cost(specs, infos, args) -> tuple:
     unsafe = safe = promote = 0
     for spec, info, value in zip(specs, infos, args):
         if spec.kind == "array":
-            if spec.layout == "A" and info is not None and len(info[1]) > 1:
+            if spec.layout == "A" and info is not None and len(info.shape) > 1:
                 promote += 1
             continue
         if spec.kind != "scalar":

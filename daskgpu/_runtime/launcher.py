@@ -13,9 +13,8 @@ from cuda.core import ObjectCode
 
 from daskgpu import _config
 from daskgpu._errors import DeviceError, LaunchConfigError
-from daskgpu._image.argspec import (
-    _CAI_READERS, _READERS, Zeroed, _read_cupy, array_info, passed_value,
-)
+from daskgpu._image.argspec import passed_value
+from daskgpu._image.array_info import CAI_READERS, READERS, Zeroed, array_info, read_cupy
 from daskgpu._runtime import device as _device
 from daskgpu._runtime._cuda import (
     _SUCCESS,
@@ -268,7 +267,7 @@ class _HostStaging:
     def stage(self, arg, written: bool):
         """Copy host array ``arg`` to the device; return ``(ptr, shape, strides, itemsize)``.
 
-        A :class:`~daskgpu._image.argspec.Zeroed` output is zero-filled on the device
+        A :class:`~daskgpu._image.array_info.Zeroed` output is zero-filled on the device
         instead of copied.
         """
         hint = type(arg).__name__ if type(arg).__module__ == "numba.cuda.args" else None
@@ -454,7 +453,7 @@ def run(image, config, args, infos):
                     _flatten_tuple(spec, args[i], staging, i in writes, values)
                 else:
                     flatten(spec, args[i], values)
-            elif info[3] is None:
+            elif info.on_host:
                 staging = staging or _HostStaging(stream)
                 flatten(spec, staging.stage(args[i], i in writes), values)
             else:
@@ -462,7 +461,7 @@ def run(image, config, args, infos):
                 values += (0, 0, _nitems(shape), dtype.itemsize, ptr)
                 values += shape
                 values += strides
-                if _READERS.get(type(args[i])) in _CAI_READERS:
+                if READERS.get(type(args[i])) in CAI_READERS:
                     sync_producer_stream(args[i], stream)
         params = kernel.layout.pack(values)
         if kernel.errcode is not None:
@@ -525,7 +524,7 @@ def _flatten_tuple(spec, value, staging, written, values):
             flatten(member, staging.stage_record(item, written), values)
         elif member.is_array:
             info = array_info(item)
-            if info[3] is None:
+            if info.on_host:
                 flatten(member, staging.stage(item, written), values)
             else:
                 dtype, shape, strides, ptr = info
@@ -556,7 +555,7 @@ def device_launch(image, config, infos, args=(), images=()):
     what ``image``'s specs match while there is one; else only arguments that
     need no conversion, for which select_image picks its first image, ``image``.
     """
-    if config.stream or any(info is not None and info[3] is None for info in infos):
+    if config.stream or any(info is not None and info.on_host for info in infos):
         return None
     if any(spec.kind in ("record", "tuple") for spec in image.args):  # staged per launch
         return None
@@ -595,7 +594,7 @@ class _NoType:
 
 def _cupy_type(args):
     for a in args:
-        if _READERS.get(type(a)) is _read_cupy:
+        if READERS.get(type(a)) is read_cupy:
             return type(a)
     return _NoType
 
@@ -620,13 +619,13 @@ def _device_info(value):
     The producer stream that the array's CUDA array interface names is waited
     for, as on the general path.
     """
-    reader = _READERS.get(type(value))
+    reader = READERS.get(type(value))
     if reader is None:  # numpy arrays, and types not seen yet: the general path
         return None
     info = reader(value)
-    if info is None or info[3] is None:
+    if info is None or info.on_host:
         return None
-    if reader in _CAI_READERS:
+    if reader in CAI_READERS:
         sync_producer_stream(value, _DEFAULT_STREAM)
     return info
 
@@ -650,7 +649,7 @@ def _host_only(infos) -> bool:
     has_host = False
     for info in infos:
         if info is not None:
-            if info[3] is not None:
+            if not info.on_host:
                 return False
             has_host = True
     return has_host

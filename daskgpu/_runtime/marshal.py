@@ -25,7 +25,8 @@ import threading
 
 import numpy as np
 
-from daskgpu._image.argspec import BFLOAT16, _has_layout, passed_value
+from daskgpu._image.argspec import BFLOAT16, passed_value
+from daskgpu._image.array_info import has_layout
 
 # struct codes of one scalar parameter (complex: two of them).
 _SCALAR_CODES = {
@@ -260,7 +261,7 @@ def fast_source(specs, writes, exact=False) -> str:
             else:
                 check = f"len(shape{i}) != {spec.ndim}"
                 if spec.layout != "A":
-                    check += (f" or not _has_layout(shape{i}, strides{i}, {itemsize}, "
+                    check += (f" or not has_layout(shape{i}, strides{i}, {itemsize}, "
                               f"{spec.layout!r})")
                 packed += [f"_prod(shape{i})", str(itemsize), f"ptr{i}",
                            f"*shape{i}", f"*strides{i}"]
@@ -341,7 +342,7 @@ class FastFactories:
     def get(self, source: str):
         make = self._entries.get(source)
         if make is None:
-            namespace = {"_has_layout": _has_layout, "_prod": math.prod,
+            namespace = {"has_layout": has_layout, "_prod": math.prod,
                          "_scalar_values": _scalar_values}
             exec(compile(source, "<daskgpu launch>", "exec"), namespace)  # noqa: S102
             make = namespace["make"]

@@ -22,7 +22,7 @@ import cloudpickle
 import numpy as np
 
 from daskgpu._errors import LaunchConfigError
-from daskgpu._image.argspec import Zeroed
+from daskgpu._image.array_info import Zeroed
 
 # The simulator keeps its kernel context in a module global and supports one
 # launch at a time per process.

@@ -14,6 +14,7 @@ from numba.cuda.random import (init_xoroshiro128p_states_cpu, xoroshiro128p_dtyp
 
 import daskgpu as dg
 from daskgpu._image.argspec import ArgSpec, dtype_code, dtype_of, mismatch
+from daskgpu._image.array_info import ArrayInfo
 from daskgpu._runtime.marshal import ParamLayout, flatten, param_codes
 
 dg._config.get("target-cc")  # register daskgpu's defaults before dask.config.set
@@ -240,7 +241,7 @@ def test_bfloat16_arrays_and_scalars_type_and_match_as_numba_cuda_types_them(sim
     assert [str(a) for a in image.args] == ["bfloat16[::1]", "bfloat16[::1]", "bfloat16"]
     array, _, scalar = image.args
     # A device array's interface spells bfloat16 "<V2"; float16 has the same size.
-    assert array.matches((np.dtype("<V2"), (4,), (2,), 1), None)
+    assert array.matches(ArrayInfo(np.dtype("<V2"), (4,), (2,), 1), None)
     assert not array.accepts(np.zeros(4, np.float16))
     assert not scalar.accepts(1.5)  # rounding to bfloat16 is the caller's choice
     assert "pass ml_dtypes.bfloat16(value)" in mismatch(scalar, 1.5)

@@ -12,12 +12,10 @@ from daskgpu._compiler.signatures import to_argspec, typeof_args
 from daskgpu._image.argspec import (
     SCALAR_DTYPES,
     ArgSpec,
-    array_info,
-    c_strides,
     describe,
-    layout_of,
     signature_str,
 )
+from daskgpu._image.array_info import array_info, c_strides, layout_of
 
 NUMBA_NAME = {"bool": "boolean"}
 

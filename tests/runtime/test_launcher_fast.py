@@ -13,7 +13,8 @@ import types
 import numpy as np
 import pytest
 
-from daskgpu._image.argspec import ArgSpec, array_info
+from daskgpu._image.argspec import ArgSpec
+from daskgpu._image.array_info import array_info
 from daskgpu._runtime.launcher import _device_info, _launch_failed
 from daskgpu._runtime.marshal import (
     FastFactories,

@@ -5,7 +5,7 @@ import pytest
 from numba import cuda
 
 import daskgpu as dg
-from daskgpu._image.argspec import Zeroed
+from daskgpu._image.array_info import Zeroed
 from daskgpu._runtime import launcher
 from daskgpu._runtime.pinned_arrays import (
     PageLockedBuffer,
