@@ -160,7 +160,7 @@ class RoutedKernel:
         return RoutedLaunch(self, "configure", (griddim, blockdim, stream, sharedmem))
 
     def forall(self, ntasks, tpb=0, stream=0, sharedmem=0):
-        from daskgpu._image.config import LaunchConfig
+        from daskgpu._image.launch_config import LaunchConfig
 
         # Checked here, as numba's ForAll checks them when it is made.
         LaunchConfig(ntasks=ntasks, tpb=tpb, sharedmem=sharedmem)
@@ -215,7 +215,7 @@ class RoutedLaunch:
         return self._launch_config().blockdim
 
     def _launch_config(self):
-        from daskgpu._image.config import LaunchConfig
+        from daskgpu._image.launch_config import LaunchConfig
 
         return LaunchConfig(_dims(self.config[0]), _dims(self.config[1]))
 
