@@ -45,8 +45,17 @@ def _bool(value):
     raise ValueError("it must be true or false")
 
 
-def _cc(value):
-    # The spellings the compiler's parse_cc reads: "8.0", 80, (8, 0), "sm_80".
+def parse_cc(value) -> tuple:
+    """A compute capability from ``"8.0"``, ``80``, ``(8, 0)`` or ``"sm_80"``, as ``(8, 0)``.
+
+    Raises ``ValueError`` saying what is wanted; the one reader of compute
+    capabilities, for settings and the compiler's ``targets=`` alike.
+
+    Examples
+    --------
+    >>> parse_cc("sm_90"), parse_cc(75), parse_cc("10.0")
+    ((9, 0), (7, 5), (10, 0))
+    """
     if isinstance(value, tuple | list) and len(value) == 2:
         value = f"{value[0]}.{value[1]}"
     text = str(value).strip().lower().removeprefix("sm_").removeprefix("compute_")
@@ -54,7 +63,12 @@ def _cc(value):
     if m is None:
         raise ValueError('it must be a compute capability "major.minor", e.g. "7.5" '
                          '(or "sm_75")')
-    return f"{int(m.group(1))}.{int(m.group(2))}"
+    return int(m.group(1)), int(m.group(2))
+
+
+def _cc(value):
+    major, minor = parse_cc(value)
+    return f"{major}.{minor}"
 
 
 def _optional_path(value):

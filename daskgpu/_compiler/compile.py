@@ -9,9 +9,13 @@ from dataclasses import dataclass, replace
 from numba.cuda import types
 from numba.cuda.compiler import compile_cuda, kernel_fixup
 
+from daskgpu import _config
 from daskgpu._compiler.analysis import analyse
-from daskgpu._compiler.links import (
-    BFLOAT16_MIN_CC, implicit_links, link_inputs, uses_bfloat16_shims,
+from daskgpu._compiler.link_inputs import (
+    BFLOAT16_MIN_CC,
+    implicit_links,
+    link_inputs,
+    uses_bfloat16_shims,
 )
 from daskgpu._compiler.signatures import to_argspec
 from daskgpu._compiler.target import compiling_for
@@ -22,16 +26,13 @@ from daskgpu._runtime.faults import exception_name
 
 
 def parse_cc(cc) -> tuple:
-    """A compute capability from ``"8.0"``, ``80``, ``(8, 0)`` or ``"sm_80"``."""
-    if isinstance(cc, (tuple, list)) and len(cc) == 2:
-        return (int(cc[0]), int(cc[1]))
-    text = str(cc).lower().removeprefix("sm_").removeprefix("compute_")
-    m = re.fullmatch(r"(\d+)\.(\d+)", text) or re.fullmatch(r"(\d+)(\d)", text)
-    if m is None:
+    """A compute capability from ``"8.0"``, ``80``, ``(8, 0)`` or ``"sm_80"``; CompileError else."""
+    try:
+        return _config.parse_cc(cc)
+    except ValueError:
         raise CompileError(
             f"cannot read compute capability {cc!r}; write it as '8.0', (8, 0) or 'sm_80'"
-        )
-    return (int(m.group(1)), int(m.group(2)))
+        ) from None
 
 
 @dataclass(frozen=True)
@@ -70,8 +71,6 @@ class CompileOptions:
         if self.inline not in ("never", "always") and not callable(self.inline):
             raise CompileError(f"inline must be 'never', 'always' or a function, got {self.inline!r}")
         if not self.targets:
-            from daskgpu import _config
-
             object.__setattr__(self, "targets", (parse_cc(_config.get("target-cc")),))
         object.__setattr__(
             self, "targets", tuple(sorted({parse_cc(cc) for cc in self.targets}))

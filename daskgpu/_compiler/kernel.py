@@ -5,11 +5,11 @@ from __future__ import annotations
 import functools
 import threading
 
-from daskgpu import _config
 from daskgpu._compiler.compile import CompileOptions, compile_image
 from daskgpu._compiler.signatures import normalize, typeof_args
 from daskgpu._errors import PicklingError
-from daskgpu._runtime.launch import LaunchAPI, PTXKernel, select_image
+from daskgpu._runtime import backend
+from daskgpu._runtime.launch import LaunchAPI, PTXKernel, select_image, written_result
 
 
 class Kernel(LaunchAPI):
@@ -159,13 +159,9 @@ class Kernel(LaunchAPI):
         return self.compile(typeof_args(args))
 
     def _run(self, image, config, args, infos):
-        if _config.simulating():
-            from daskgpu._runtime import simulator
-            from daskgpu._runtime.launch import written_result
-
-            simulator.run_function(self.py_func, config, args)
-            return written_result(args, image.writes)
-        return super()._run(image, config, args, infos)
+        # The simulator runs the live function; the GPU the image's PTX.
+        backend.current().run(image, config, args, infos, function=self.py_func)
+        return written_result(args, image.writes)
 
     def ptx_kernel(self) -> PTXKernel:
         """This kernel as shipped: its compiled images, PTX-only.
@@ -180,7 +176,7 @@ class Kernel(LaunchAPI):
                 f"(dg.jit('void(float32[::1], ...)')), call {self.__name__}.compile(sig), "
                 f"or {self.__name__}.specialize(*args) with example arguments."
             )
-        if _config.simulating():
+        if backend.current().simulated:  # simulated workers run the Python function
             import cloudpickle
 
             blob = cloudpickle.dumps(self.py_func)

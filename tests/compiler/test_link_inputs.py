@@ -10,7 +10,7 @@ from numba.cuda.bf16 import hfma_relu
 from numba.cuda.core.errors import TypingError
 
 import daskgpu as dg
-from daskgpu._runtime import bundle
+from daskgpu._image import bundle
 
 
 def fp16_mul(out, a, b):
