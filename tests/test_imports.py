@@ -1,11 +1,14 @@
 """The package's import graph: layers depend one way, and no module imports in a loop.
 
 Every ``import`` is counted, at module level and inside functions alike: a
-lazy import still ties two modules together.
+lazy import still ties two modules together. Third-party imports are held to
+each layer's list too, and no module reaches for another module's private
+(underscore) names.
 """
 
 import ast
 import pathlib
+import sys
 
 import daskgpu
 
@@ -21,6 +24,22 @@ LAYERS = {
     "_image": {"_image", "base"},
     "base": {"base"},
 }
+
+
+#: The third-party packages each layer may import (the standard library is free).
+#: The plain-data image and the worker runtime know nothing of Dask: a worker
+#: plugin in the Dask layer decides what a worker does about a failed launch.
+#: Only the simulator backend of the runtime imports numba (it runs kernels in
+#: Numba's CUDA simulator); the GPU half never does (tests/test_worker_half.py).
+THIRD_PARTY = {
+    "_image": {"numpy"},
+    "_runtime": {"numpy", "cuda"},
+    "_compiler": {"numpy", "numba", "numba_cuda", "llvmlite", "cuda", "cloudpickle"},
+    "_dask": {"numpy", "dask", "distributed", "cupy", "zarr", "tqdm"},
+    "_cli": None,  # the command line may use anything
+    "base": {"yaml", "dask"},  # the settings register with dask.config when it is there
+}
+SIMULATOR_THIRD_PARTY = {"numpy", "cuda", "numba", "cloudpickle"}
 
 
 def _module_name(path: pathlib.Path) -> str:
@@ -99,5 +118,79 @@ def test_layers_import_only_downwards():
 
 def test_each_layer_is_a_folder_of_a_few_modules():
     for layer in set(LAYERS) - {"base"}:
-        modules = [p for p in (PACKAGE / layer).glob("*.py") if p.name != "__init__.py"]
-        assert 1 <= len(modules) <= 13, (layer, sorted(p.name for p in modules))
+        assert (PACKAGE / layer).is_dir(), layer
+    crowded = {}
+    for folder in [PACKAGE, *(p for p in PACKAGE.rglob("*") if p.is_dir())]:
+        modules = [p.name for p in folder.glob("*.py") if p.name != "__init__.py"]
+        if folder.name != "__pycache__" and not 1 <= len(modules) <= 12:
+            crowded[str(folder.relative_to(PACKAGE.parent))] = sorted(modules)
+    assert not crowded, f"folders need 1 to 12 modules: {crowded}"
+
+
+def _third_party(tree) -> set:
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(a.name.split(".")[0] for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            names.add(node.module.split(".")[0])
+    return {n for n in names if n not in sys.stdlib_module_names
+            and n not in ("daskgpu", "__future__")}
+
+
+def test_layers_import_only_their_third_party_packages():
+    wrong = []
+    for path in PACKAGE.rglob("*.py"):
+        module = _module_name(path)
+        layer = _layer(module)
+        allowed = THIRD_PARTY.get(layer)
+        if module == "daskgpu._runtime.simulator":
+            allowed = SIMULATOR_THIRD_PARTY
+        if allowed is None:
+            continue
+        extra = _third_party(ast.parse(path.read_text())) - allowed
+        if extra:
+            wrong.append(f"{module} ({layer}) imports {sorted(extra)}")
+    assert not wrong, "\n".join(wrong)
+
+
+def _private_names_used(tree, modules) -> list:
+    """Underscore names this module takes from other daskgpu modules."""
+    found, aliases = [], {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("daskgpu"):
+            for alias in node.names:
+                full = f"{node.module}.{alias.name}"
+                if full in modules:  # `from pkg import module`
+                    aliases[alias.asname or alias.name] = full
+                elif alias.name.startswith("_") and not alias.name.startswith("__"):
+                    found.append(f"from {node.module} import {alias.name}")
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name in modules and alias.asname:
+                    aliases[alias.asname] = alias.name
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+                and node.value.id in aliases and node.attr.startswith("_")
+                and not node.attr.startswith("__")
+                and f"{aliases[node.value.id]}.{node.attr}" not in modules):
+            found.append(f"{aliases[node.value.id]}.{node.attr}")
+    return found
+
+
+def test_no_module_uses_another_modules_private_names():
+    modules = {_module_name(p) for p in PACKAGE.rglob("*.py")}
+    wrong = []
+    for path in PACKAGE.rglob("*.py"):
+        for use in _private_names_used(ast.parse(path.read_text()), modules):
+            wrong.append(f"{_module_name(path)}: {use}")
+    assert not wrong, "private names used across modules:\n" + "\n".join(sorted(set(wrong)))
+
+
+def test_the_private_name_check_sees_both_spellings():
+    modules = {"daskgpu._runtime.device", "daskgpu._runtime"}
+    tree = ast.parse("from daskgpu._runtime.device import _state\n"
+                     "from daskgpu._runtime import device as _device\n"
+                     "_device._thread\n")
+    assert _private_names_used(tree, modules) == [
+        "from daskgpu._runtime.device import _state", "daskgpu._runtime.device._thread"]

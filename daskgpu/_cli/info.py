@@ -3,7 +3,7 @@
 :func:`machine_facts` gathers them as plain data straight from the CUDA
 driver and nvJitLink bindings; :func:`print_info` prints them for people or as
 JSON. Nothing here imports numba, so ``daskgpu info`` runs on worker machines
-that only have the runtime; :mod:`daskgpu._cli.workers` asks :func:`_driver_facts`
+that only have the runtime; :mod:`daskgpu._cli.workers` asks :func:`driver_facts`
 which GPUs the driver sees.
 """
 
@@ -57,7 +57,7 @@ def machine_facts() -> dict:
     """This machine's CUDA driver, nvJitLink and GPUs, as plain data (no numba)."""
     from daskgpu import __version__
 
-    drv = _driver_facts()
+    drv = driver_facts()
     njl = nvjitlink_version()
     drv["max_ptx_isa"] = list(max_ptx_isa(drv["version"])) if drv["version"] else None
     linker = njl or drv["version"]  # nvJitLink compiles the PTX when present
@@ -76,7 +76,8 @@ def machine_facts() -> dict:
     }
 
 
-def _driver_facts() -> dict:
+def driver_facts() -> dict:
+    """The driver's version and this machine's GPUs (index, name, cc), as plain data."""
     count, reason = device_count()
     try:
         version = list(driver_version())

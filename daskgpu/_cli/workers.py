@@ -25,7 +25,7 @@ def local_devices() -> list:
     if visible is not None:
         devices = [d.strip() for d in visible.split(",") if d.strip()]
     else:
-        devices = [str(d["index"]) for d in _info._driver_facts()["devices"]]
+        devices = [str(d["index"]) for d in _info.driver_facts()["devices"]]
     if not devices:
         raise DaskGPUError(
             "no GPU to serve: "

@@ -94,7 +94,7 @@ def test_python_dash_m_runs_the_cli():
 
 # -- info ---------------------------------------------------------------------
 def test_info_without_driver_explains_and_exits_0(monkeypatch, capsys):
-    monkeypatch.setattr(_info, "_driver_facts", _facts(NO_DRIVER))
+    monkeypatch.setattr(_info, "driver_facts", _facts(NO_DRIVER))
     assert main(["info"]) == 0
     out = capsys.readouterr().out
     assert "no CUDA driver found (DynamicLibNotFoundError: no libcuda)" in out
@@ -102,7 +102,7 @@ def test_info_without_driver_explains_and_exits_0(monkeypatch, capsys):
 
 
 def test_info_lists_devices_and_ptx_limits(monkeypatch, capsys):
-    monkeypatch.setattr(_info, "_driver_facts", _facts(TWO_GPUS))
+    monkeypatch.setattr(_info, "driver_facts", _facts(TWO_GPUS))
     monkeypatch.setattr(_info, "nvjitlink_version", lambda: None)
     assert main(["info"]) == 0
     out = capsys.readouterr().out
@@ -116,7 +116,7 @@ def test_info_lists_devices_and_ptx_limits(monkeypatch, capsys):
 
 
 def test_info_json_prefers_nvjitlink(monkeypatch, capsys):
-    monkeypatch.setattr(_info, "_driver_facts", _facts(TWO_GPUS))
+    monkeypatch.setattr(_info, "driver_facts", _facts(TWO_GPUS))
     monkeypatch.setattr(_info, "nvjitlink_version", lambda: (13, 0))
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1,0")
     assert main(["info", "--json"]) == 0
@@ -190,9 +190,9 @@ def test_worker_devices_default_to_cuda_visible_devices(monkeypatch):
 
 def test_worker_devices_default_to_what_the_driver_sees(monkeypatch):
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    monkeypatch.setattr(_info, "_driver_facts", _facts(TWO_GPUS))
+    monkeypatch.setattr(_info, "driver_facts", _facts(TWO_GPUS))
     assert [s["env"]["CUDA_VISIBLE_DEVICES"] for s in nanny_options("tcp://s:8786")] == ["0", "1"]
-    monkeypatch.setattr(_info, "_driver_facts", _facts(NO_DRIVER))
+    monkeypatch.setattr(_info, "driver_facts", _facts(NO_DRIVER))
     with pytest.raises(dg.DaskGPUError, match="sees no device.*--devices"):
         nanny_options("tcp://s:8786")
 
