@@ -151,7 +151,7 @@ def load_kernel(ref, sigs=()):
     if ref.endswith(".dgk") or os.path.isfile(ref):
         if sigs:
             raise UsageError(f"{ref} is a compiled bundle; --sig is for MODULE:FUNCTION")
-        from daskgpu._runtime.bundle import load
+        from daskgpu._runtime.kernel_files import load
 
         return load(ref)
     module_ref, sep, attr = ref.rpartition(":")

@@ -20,7 +20,7 @@ import importlib.util
 import os
 import sys
 
-from daskgpu._cli import bundles
+from daskgpu._cli import bundle_commands
 from daskgpu._cli.common import (
     USAGE_ERRORS,
     Parser,
@@ -137,14 +137,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-registers", type=positive_int, metavar="N",
                    help="registers per thread at most")
     p.add_argument("-o", "--output", metavar="PATH", help="bundle file (default FUNCTION.dgk)")
-    p.set_defaults(_run=bundles.cmd_compile)
+    p.set_defaults(_run=bundle_commands.cmd_compile)
 
     p = command("inspect", "show what a kernel bundle holds",
                 "Show what a kernel bundle (.dgk) holds: signatures, PTX targets, write "
                 "set, options and hashes. Checks the bundle's integrity; runs no code.")
     p.add_argument("bundle", metavar="BUNDLE", help="a .dgk file")
     p.add_argument("--json", action="store_true", help="print a JSON document")
-    p.set_defaults(_run=bundles.cmd_inspect)
+    p.set_defaults(_run=bundle_commands.cmd_inspect)
 
     for name, what in (("bench", "compare daskgpu with hand-written Numba + Dask "
                                  "(needs a GPU and CuPy)"),

@@ -156,19 +156,24 @@ class KernelImage:
 
     def with_py_func(self, py_func: bytes | None) -> "KernelImage":
         """This image carrying ``py_func`` (cloudpickled, for the simulator), or none."""
-        fields = _fields(self)
+        fields = image_fields(self)
         fields["py_func"] = py_func
-        return _rebuild_image(fields)
+        return image_from_fields(fields)
 
     def __reduce__(self):
-        return _rebuild_image, (_fields(self),)
+        return image_from_fields, (image_fields(self),)
 
     def __repr__(self):
         targets = ", ".join(f"{a}.{b}" for a, b in self.targets)
         return f"<KernelImage {self.name}{self.signature} targets=[{targets}] hash={self.hash[:12]}>"
 
 
-def _fields(image: KernelImage) -> dict:
+def image_fields(image: KernelImage) -> dict:
+    """The fields of ``image`` as plain tuples, for pickles and bundles.
+
+    The inverse of :func:`image_from_fields`; ``exceptions`` and ``py_func``
+    appear only when set.
+    """
     fields = {
         "name": image.name,
         "entry": image.entry,
@@ -187,7 +192,7 @@ def _fields(image: KernelImage) -> dict:
     return fields
 
 
-def _rebuild_image(fields: dict) -> KernelImage:
+def image_from_fields(fields: dict) -> KernelImage:
     """Rebuild a :class:`KernelImage` from plain fields (the pickle and bundle form)."""
     fields = dict(fields)
     fields["ptx"] = tuple((tuple(cc), text) for cc, text in fields["ptx"])
@@ -205,3 +210,7 @@ def _rebuild_image(fields: dict) -> KernelImage:
         for code, cls, args, loc in fields.get("exceptions", ())
     )
     return KernelImage(**fields)
+
+
+# The name pickles made before image_from_fields was public refer to; they still load.
+_rebuild_image = image_from_fields

@@ -10,7 +10,7 @@ from daskgpu._image.ptx import ptx_isa_version
 
 
 def cmd_compile(ns) -> int:
-    from daskgpu._runtime.bundle import save
+    from daskgpu._runtime.kernel_files import save
 
     module_ref, sep, attr = ns.target.rpartition(":")
     if not sep or not module_ref or not attr:
@@ -40,7 +40,7 @@ def cmd_compile(ns) -> int:
 
 
 def cmd_inspect(ns) -> int:
-    from daskgpu._runtime.bundle import read
+    from daskgpu._runtime.kernel_files import read
 
     kernel, info = read(ns.bundle)
     doc = {
