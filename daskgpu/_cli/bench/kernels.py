@@ -1,7 +1,13 @@
 """Kernels that ``daskgpu bench`` runs, importable so that Dask workers and fresh
-processes can rebuild the Numba baselines by reference."""
+processes can rebuild the Numba baselines by reference.
+
+Each kernel function is compiled twice: by :func:`daskgpu.jit` (``add``,
+``saxpy``, ...) and as a plain Numba dispatcher, the baseline (``numba_add``,
+...). :func:`add_constant` makes a kernel function that is new code each time.
+"""
 
 import math
+import types
 
 from numba import cuda, int32, int64
 
@@ -14,6 +20,35 @@ def _add(out, x, y):
     i = cuda.grid(1)
     if i < out.size:
         out[i] = x[i] + y[i]
+
+
+def _add_c(out, x, y):
+    # The code of add_constant's functions: C is a global of each one's own.
+    i = cuda.grid(1)
+    if i < out.size:
+        out[i] = x[i] + y[i] + C  # noqa: F821
+
+
+def add_constant(c: float) -> types.FunctionType:
+    """A new ``out = x + y + c`` kernel function, into whose code Numba freezes ``c``.
+
+    Every such function runs the same code with globals of its own: ``cuda``,
+    which the simulator swaps there, and ``C = c``. Not an attribute of this
+    module, the function is pickled by value, so a Numba dispatcher of it
+    compiles wherever it is unpickled.
+
+    Examples
+    --------
+    >>> add_c = add_constant(7.0)
+    >>> add_c.__name__, add_c.__globals__["C"]
+    ('add_c', 7.0)
+    >>> add_constant(8.0).__globals__ is add_c.__globals__
+    False
+    """
+    function = types.FunctionType(_add_c.__code__, {"__name__": __name__, "cuda": cuda, "C": c},
+                                  "add_c")
+    function.__qualname__ = "add_c"
+    return function
 
 
 def _saxpy(out, a, x, y):

@@ -1,0 +1,114 @@
+"""The section ``map-device``: ``map_kernel`` over chunks already on the GPU (CuPy).
+
+With no host copies to hide it, what is left is the cost per chunk: daskgpu's
+against ``da.map_blocks`` + Numba, and Dask's own floor on the same chunks.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from daskgpu._cli.bench.common import (
+    BenchCluster,
+    alloc_chunk,
+    host_inputs,
+    noop_chunk,
+    numba_chunk,
+    ratio,
+    timed,
+    unique,
+    wait_persisted,
+)
+
+
+def bench_map_device(cluster: BenchCluster, size_bytes: int = 1 << 30,
+                     chunk_counts=(16, 256)) -> list:
+    """``map_kernel`` on CuPy chunks vs ``map_blocks`` + Numba, and a no-op, on the same chunks.
+
+    Run at each number of chunks in ``chunk_counts``: few large chunks show the
+    launch's own cost, many small ones the cost per task.
+    """
+    rows = []
+    for count in chunk_counts:
+        rows += _map_device_rows(cluster, size_bytes, size_bytes // count)
+    return rows
+
+
+def _map_device_rows(cluster: BenchCluster, size_bytes: int, chunk_bytes: int) -> list:
+    import cupy as cp
+    import dask.array as da
+
+    import daskgpu as dg
+    from daskgpu._cli.bench import kernels as k
+
+    client = cluster.start()  # first: the inputs persist on its client, the default one
+    x, y = host_inputs(size_bytes, chunk_bytes)
+    xg = wait_persisted(x.map_blocks(cp.asarray))
+    yg = wait_persisted(y.map_blocks(cp.asarray))
+    nchunks = xg.numblocks[0]
+
+    def ours():
+        return wait_persisted(
+            dg.map_kernel(k.saxpy, dg.Out(np.float32, like=xg), np.float32(2.0), xg, yg,
+                          name=unique("saxpy")))
+
+    def baseline():
+        return wait_persisted(
+            da.map_blocks(numba_chunk, xg, yg, dtype=np.float32, name=unique("numba")))
+
+    def noop():
+        return wait_persisted(
+            da.map_blocks(noop_chunk, xg, yg, dtype=np.float32, name=unique("noop")))
+
+    def alloc():
+        return wait_persisted(
+            da.map_blocks(alloc_chunk, xg, yg, dtype=np.float32, name=unique("alloc")))
+
+    ours(), baseline(), noop(), alloc()
+    dg_t = [t / nchunks for t in timed(ours)]
+    nb_t = [t / nchunks for t in timed(baseline)]
+    noop_t = [t / nchunks for t in timed(noop)]
+    alloc_t = [t / nchunks for t in timed(alloc)]
+    launch_only = client.submit(device_chunk_seconds, chunk_bytes, pure=False).result()
+    what = f"map_kernel per chunk, {nchunks} CuPy chunks of {chunk_bytes >> 20} MiB"
+    return [
+        ratio(what, dg_t, nb_t, "ms", "da.map_blocks + Numba kernel per chunk", goal=1.0,
+              scale=1e3),
+        ratio("  of which: allocate + launch on one CuPy chunk, no Dask", [launch_only[0]],
+              [launch_only[1]], "ms", "the same with a Numba dispatcher", scale=1e3),
+        # How much of the per-chunk time is Dask's scheduling, not daskgpu's.
+        ratio("  Dask's floor: a no-op map_blocks on the same chunks", dg_t, noop_t, "ms",
+              "da.map_blocks of a no-op returning its first chunk", goal=1.1, scale=1e3),
+        # The same floor for a task that makes a new chunk, as any output does.
+        ratio("  the floor with a new output chunk per task", dg_t, alloc_t, "ms",
+              "da.map_blocks of np.empty_like of its first chunk", scale=1e3),
+    ]
+
+
+def device_chunk_seconds(chunk_bytes: int, repeat: int = 20) -> tuple:
+    """Per-chunk seconds of output allocation + launch on CuPy arrays: daskgpu, Numba."""
+    import cupy as cp
+
+    from daskgpu._cli.bench import kernels as k
+
+    x = cp.ones(chunk_bytes // 4, cp.float32)
+    launch = k.saxpy.ptx_kernel().forall(x.size)
+
+    def ours():
+        launch(cp.zeros_like(x), np.float32(2.0), x, x)
+
+    def numba():
+        k.numba_saxpy[(x.size + 255) // 256, 256](cp.empty_like(x), np.float32(2.0), x, x)
+
+    out = []
+    for fn in (ours, numba):
+        fn()
+        cp.cuda.Device().synchronize()
+        t0 = time.perf_counter()
+        for _ in range(repeat):
+            fn()
+        cp.cuda.Device().synchronize()
+        out.append((time.perf_counter() - t0) / repeat)
+    return tuple(out)

@@ -1,0 +1,26 @@
+"""What the sections share: the per-chunk baselines and the run's cluster."""
+
+import pickle
+
+import dask
+import numpy as np
+
+import daskgpu as dg
+from daskgpu._cli.bench.common import BenchCluster, BenchOptions, noop_chunk
+
+
+def test_noop_chunk_travels_by_reference_and_returns_its_first_chunk():
+    assert pickle.loads(pickle.dumps(noop_chunk)) is noop_chunk
+    x = np.arange(3)
+    assert noop_chunk(x, np.ones(3)) is x
+
+
+def test_the_bench_cluster_page_locks_what_the_chain_section_holds():
+    # Two persisted 1 GiB outputs and a third map's: with the 2 GiB default the third
+    # map's outputs would go through the copy threads, and the page-locked-input row
+    # would measure them instead of the inputs.
+    with dask.config.set({"daskgpu.simulate": True}):
+        with BenchCluster(BenchOptions(array_bytes=1 << 30)) as cluster:
+            seen = cluster.client.run(lambda: dg._config.get("pinned-output-bytes"))
+    assert set(seen.values()) == {4 << 30}
+
