@@ -15,7 +15,8 @@ import sys
 import numpy as np
 
 from daskgpu._cli.common import Parser, as_kernel, import_module, resolve
-from daskgpu._dask.batch import _local_client, run_batch
+from daskgpu._dask.batch import local_client as _local_client
+from daskgpu._dask.batch import run_batch
 from daskgpu._errors import (
     BatchError, BundleError, ConfigError, DaskGPUError, LaunchConfigError, UsageError,
 )

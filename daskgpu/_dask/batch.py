@@ -32,13 +32,22 @@ import time
 import numpy as np
 
 from daskgpu._dask import ledger as _ledger
-from daskgpu._dask.batch_store import (NpyFile, _ChunkCheck, _ChunkWriter,
-                                       _open_inputs, _output_paths, _output_specs, _paths,
-                                       _prepare_output, check_no_overlap)
+from daskgpu._dask.batch_store import (
+    ChunkCheck,
+    ChunkWriter,
+    NpyFile,
+    as_paths,
+    check_no_overlap,
+    open_inputs,
+    output_paths,
+    output_specs,
+    prepare_output,
+)
 from daskgpu._dask.ledger import done_chunks
 from daskgpu._errors import BatchError
+from daskgpu._runtime import backend as backends
 
-__all__ = ["BatchError", "BatchReport", "NpyFile", "done_chunks", "run_batch"]
+__all__ = ["BatchError", "BatchReport", "NpyFile", "done_chunks", "local_client", "run_batch"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -193,18 +202,18 @@ def run_batch(kernel, inputs, outputs, *, scalars=(), chunks=None, client=None,
                                   or not isinstance(value, numbers.Integral) or value < low):
             raise BatchError(f"{name} must be a whole number of {low} or more, got {value!r}")
     _config.check()
-    inputs = _paths(inputs, "inputs")
+    inputs = as_paths(inputs, "inputs")
     if not inputs:
         raise BatchError("a batch needs at least one input array")
     # Before a cluster starts or anything is written.
-    check_no_overlap(inputs, _output_paths(outputs))
+    check_no_overlap(inputs, output_paths(outputs))
     plan = None
     try:
         with ExitStack() as stack:
             if client is None:
                 client = _current_client()
             if client is None:
-                client = _local_client(stack, simulate=simulate)
+                client = local_client(stack, simulate=simulate)
             elif simulate is not None:
                 stack.enter_context(dask.config.set({"daskgpu.simulate": bool(simulate)}))
             stack.enter_context(client.as_current())  # map_kernel asks it for GPUs
@@ -217,7 +226,7 @@ def run_batch(kernel, inputs, outputs, *, scalars=(), chunks=None, client=None,
         raise
 
 
-def _local_client(stack, devices=None, simulate=None):
+def local_client(stack, devices=None, simulate=None):
     """A client of a new :class:`~daskgpu.LocalGPUCluster`, closed with ``stack``."""
     import signal
     import threading
@@ -276,18 +285,18 @@ def _scalar_identity(s):
 def _plan(kernel, inputs, outputs, scalars, chunks, resume, client) -> _Plan:
     import dask.array as da
 
-    from daskgpu import _config
     from daskgpu._dask.mapping import Out, map_kernel
-    from daskgpu._runtime.launch import PTXKernel
+    from daskgpu._runtime.ptx_kernel import PTXKernel
 
-    if (isinstance(kernel, PTXKernel) and _config.simulating()
+    # Images without their Python function (a bundle's) run on GPUs only.
+    if (isinstance(kernel, PTXKernel) and backends.current().simulated
             and all(im.py_func is None for im in kernel.images)):
         raise BatchError(
             f"kernel {kernel.__name__!r} is PTX only (a bundle), which the CUDA simulator "
             "cannot run; run it on GPUs, or give the kernel as MODULE:FUNCTION to simulate")
-    arrays = _open_inputs(inputs, chunks)
+    arrays = open_inputs(inputs, chunks)
     first = arrays[0]
-    outs = _output_specs(outputs, first.dtype)
+    outs = output_specs(outputs, first.dtype)
     if not outs:
         raise BatchError("a batch needs at least one output: (path, dtype)")
     check_no_overlap(inputs, [p for p, _ in outs])
@@ -324,7 +333,7 @@ def _plan(kernel, inputs, outputs, scalars, chunks, resume, client) -> _Plan:
     }
     done = None
     for index, (path, dt) in enumerate(outs):
-        have = _prepare_output(path, dt, first.shape, chunksize, dict(job, output=index),
+        have = prepare_output(path, dt, first.shape, chunksize, dict(job, output=index),
                                resume)
         done = have if done is None else done & have
     paths = [p for p, _ in outs]
@@ -333,7 +342,7 @@ def _plan(kernel, inputs, outputs, scalars, chunks, resume, client) -> _Plan:
         for path in paths:
             _ledger.forget(path, chunk)
 
-    writer = _ChunkWriter(paths, chunksize)
+    writer = ChunkWriter(paths, chunksize)
     status = da.map_blocks(writer, *results, *arrays, name=f"batch-write-{secrets.token_hex(8)}",
                            chunks=tuple((1,) * n for n in first.numblocks),
                            meta=np.empty((0,) * first.ndim, np.bool_))
@@ -347,7 +356,7 @@ def _verified(done, paths, arrays, client):
     if not done:
         return set(), ()
     first = arrays[0]
-    check = da.map_blocks(_ChunkCheck(paths), *arrays,
+    check = da.map_blocks(ChunkCheck(paths), *arrays,
                           name=f"batch-check-{secrets.token_hex(8)}",
                           chunks=tuple((1,) * n for n in first.numblocks),
                           meta=np.empty((0,) * first.ndim, np.bool_))
@@ -360,7 +369,6 @@ def _verified(done, paths, arrays, client):
 def _execute(plan, client, retries, progress, max_chunks) -> BatchReport:
     from distributed import as_completed
 
-    from daskgpu import _config
     from daskgpu._dask.mapping import workers_info
 
     start = time.perf_counter()
@@ -371,7 +379,7 @@ def _execute(plan, client, retries, progress, max_chunks) -> BatchReport:
     if progress:
         workers = len(workers_info(client))
         where = f"{workers} worker{'s' * (workers != 1)}" + (
-            " (simulated)" if _config.simulating() else "")
+            " (simulated)" if backends.current().simulated else "")
         chunk = "x".join(str(c[0]) for c in plan.first.chunks)
         sys.stderr.write(
             f"batch {plan.kernel_name}: {len(grid)} chunks of {chunk} over "

@@ -3,9 +3,9 @@
 Inputs are zarr arrays or ``.npy`` files, checked before anything runs (shape,
 dtype, byte order, chunking). Outputs are zarr arrays that never overlap an
 input, created whole (built in a hidden sibling, then renamed) and written one
-chunk per task by :class:`_ChunkWriter`, which records each chunk in the
+chunk per task by :class:`ChunkWriter`, which records each chunk in the
 outputs' ledgers (:mod:`daskgpu._dask.ledger`) with the fingerprints of its
-input blocks and stored data; :class:`_ChunkCheck` tells a rerun which
+input blocks and stored data; :class:`ChunkCheck` tells a rerun which
 recorded chunks still hold. :mod:`daskgpu._dask.batch` plans and runs the job.
 """
 
@@ -23,7 +23,8 @@ from daskgpu._dask import ledger as _ledger
 from daskgpu._dask.ledger import LEDGER, done_chunks
 from daskgpu._errors import BatchError, LedgerError
 
-__all__ = ["BatchError", "NpyFile", "check_no_overlap", "open_input"]
+__all__ = ["BatchError", "ChunkCheck", "ChunkWriter", "NpyFile", "as_paths", "check_no_overlap",
+           "open_input", "open_inputs", "output_paths", "output_specs", "prepare_output"]
 
 _NPY_MAGIC = b"\x93NUMPY"
 
@@ -180,7 +181,7 @@ def _check_chunks(chunks, ndim):
     return tuple(int(p) for p in parts) if isinstance(chunks, tuple | list) else int(chunks)
 
 
-def _paths(value, what):
+def as_paths(value, what):
     """A sequence of ``inputs`` / ``outputs``, never a lone path iterated by character."""
     if isinstance(value, str | bytes | os.PathLike):
         raise BatchError(f"{what} is a list of paths, got the single path {value!r}; write "
@@ -191,10 +192,10 @@ def _paths(value, what):
         raise BatchError(f"{what} is a list of paths, got {value!r}") from None
 
 
-def _output_paths(outputs) -> list:
+def output_paths(outputs) -> list:
     """The path of each output, given as a path or a ``(path, dtype)`` pair."""
     paths = []
-    for o in _paths(outputs, "outputs"):
+    for o in as_paths(outputs, "outputs"):
         if isinstance(o, str | os.PathLike):
             paths.append(os.fspath(o))
         elif (isinstance(o, tuple | list) and len(o) == 2
@@ -205,10 +206,10 @@ def _output_paths(outputs) -> list:
     return paths
 
 
-def _output_specs(outputs, default_dtype) -> list:
+def output_specs(outputs, default_dtype) -> list:
     """``[(absolute path, dtype)]`` from paths or ``(path, dtype)`` pairs, checked."""
     specs = []
-    for o, path in zip(_paths(outputs, "outputs"), _output_paths(outputs)):
+    for o, path in zip(as_paths(outputs, "outputs"), output_paths(outputs)):
         dtype = default_dtype
         if not isinstance(o, str | os.PathLike) and o[1] is not None:
             dtype = o[1]
@@ -246,10 +247,10 @@ def check_no_overlap(inputs, outputs) -> None:
     Examples
     --------
     >>> check_no_overlap(["/d/x.zarr"], ["/d/z.zarr"])
-    >>> check_no_overlap(["/d/x.zarr"], ["/d/x.zarr/out.zarr"])
+    >>> check_no_overlap(["/d/x.zarr"], ["/d/x.zarr/out.zarr"])  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
-    daskgpu._dask.batch_store.BatchError: output '/d/x.zarr/out.zarr' lies inside the input '/d/x.zarr'; writing it would change the input: choose an output path outside every input
+    daskgpu._errors.BatchError: output '/d/x.zarr/out.zarr' lies inside the input '/d/x.zarr'; ...
     """
     real_in = [(os.fspath(p), os.path.realpath(os.fspath(p))) for p in inputs]
     real_out = [(os.fspath(p), os.path.realpath(os.fspath(p))) for p in outputs]
@@ -272,7 +273,7 @@ def check_no_overlap(inputs, outputs) -> None:
 
 
 # -- outputs --------------------------------------------------------------------
-def _prepare_output(path, dtype, shape, chunksize, job, resume) -> set:
+def prepare_output(path, dtype, shape, chunksize, job, resume) -> set:
     """Create or reopen one output; return the chunks its ledger has.
 
     A new output is built in a hidden sibling directory and renamed into
@@ -383,7 +384,7 @@ def _chunk_file(z, path, block_id) -> str:
     return os.path.join(path, *key.split("/"))
 
 
-class _ChunkWriter:
+class ChunkWriter:
     """The per-chunk task: store one block in each output, then record it as done.
 
     Called with the output blocks, then the input blocks they were computed
@@ -396,7 +397,7 @@ class _ChunkWriter:
         self.paths, self.chunksize = tuple(paths), tuple(chunksize)
 
     def __reduce__(self):
-        return _ChunkWriter, (self.paths, self.chunksize)
+        return ChunkWriter, (self.paths, self.chunksize)
 
     def __call__(self, *blocks, block_id=None):
         from daskgpu._files import fsync_up
@@ -418,7 +419,7 @@ class _ChunkWriter:
         return np.ones((1,) * len(block_id), np.bool_)
 
 
-class _ChunkCheck:
+class ChunkCheck:
     """The per-chunk check of a rerun: whether an earlier run's chunk still holds.
 
     True when every output's marker records the fingerprints of these input
@@ -431,7 +432,7 @@ class _ChunkCheck:
         self.paths = tuple(paths)
 
     def __reduce__(self):
-        return _ChunkCheck, (self.paths,)
+        return ChunkCheck, (self.paths,)
 
     def __call__(self, *ins, block_id=None):
         inputs = [_ledger.block_digest(b) for b in ins]
@@ -448,7 +449,7 @@ class _ChunkCheck:
         return np.full((1,) * len(block_id), ok, np.bool_)
 
 
-def _open_inputs(inputs, chunks) -> list:
+def open_inputs(inputs, chunks) -> list:
     """The inputs as dask arrays of one shape and one chunking."""
     sources = [_open_source(p)[0] for p in inputs]
     first = sources[0]

@@ -94,7 +94,9 @@ def check_fill(fill, dtype: np.dtype):
     except (TypeError, ValueError, OverflowError):
         fits = False
     if not fits:
-        held = f" (range {np.iinfo(dtype).min}..{np.iinfo(dtype).max})" if dtype.kind in "iu" else ""
+        held = ""
+        if dtype.kind in "iu":
+            held = f" (range {np.iinfo(dtype).min}..{np.iinfo(dtype).max})"
         raise ValueError(
             f"dg.Out(fill={fill!r}) does not fit dtype {dtype.name}{held}; give a fill "
             "that the output's dtype holds, or choose another dtype"

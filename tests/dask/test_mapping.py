@@ -342,8 +342,8 @@ def test_written_input_comes_after_outputs(simulate):
 def _task_function(arr) -> ChunkLaunch:
     """The chunk function of ``arr``'s launch tasks, read from its graph."""
     for task in dict(arr.__dask_graph__()).values():
-        for node in getattr(task, "args", ()):
-            value = getattr(node, "value", None)
+        nodes = [getattr(node, "value", None) for node in getattr(task, "args", ())]
+        for value in (getattr(task, "func", None), *nodes):
             if isinstance(value, ChunkLaunch):
                 return value
     raise AssertionError("no map_kernel launch in the graph")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import pickle
 
 import dask
@@ -63,7 +64,8 @@ def test_fused_tasks_pickle_and_name_both_kernels(simulate):
     first = dg.map_kernel(saxpy, dg.Out(np.float32, like=x), np.float32(2), x, y)
     z = dg.map_kernel(saxpy, dg.Out(np.float32, like=x), np.float32(2), first, y)
     task = dict(z.__dask_graph__())[(z.name, 0)]
-    fused = next(a.value for a in task.args if isinstance(getattr(a, "value", None), chunk_task.Fused))
+    fused = task.func
+    assert isinstance(fused, chunk_task.Fused)
     assert fused.__name__ == "saxpy+saxpy"
     again = pickle.loads(pickle.dumps(fused))
     assert (again.slot, again.count) == (fused.slot, fused.count)
@@ -109,6 +111,28 @@ def test_what_is_not_fused(simulate, case):
             expected = xn + 2 * yn
     assert first.name in _launch_tasks(z)
     np.testing.assert_allclose(z.compute(), expected, rtol=1e-6)
+
+
+def test_chains_are_found_by_name_and_nothing_is_stored_on_the_array(simulate):
+    from daskgpu._dask.launch_plan import chains
+
+    _, _, x, y = _inputs()
+    first = dg.map_kernel(saxpy, dg.Out(np.float32, like=x), np.float32(2), x, y)
+    assert "_daskgpu_chain" not in getattr(first, "__dict__", {})
+    link = chains.lookup(first.name)
+    assert link is not None and link.of(first) and not link.of(first + 0)
+    assert len(chains) <= chains.maxsize
+    del first
+    gc.collect()
+    assert link.launch is None and link.args is None  # the array gone, the link lets go
+
+
+def test_a_persisted_result_is_read_not_computed_again(simulate):
+    xn, yn, x, y = _inputs()
+    first = dg.map_kernel(saxpy, dg.Out(np.float32, like=x), np.float32(1), x, y).persist()
+    z = dg.map_kernel(saxpy, dg.Out(np.float32, like=x), np.float32(1), first, y)
+    assert first.name in _launch_tasks(z)  # its stored chunks, not a fused launch
+    np.testing.assert_array_equal(z.compute(), (xn + yn) + yn)
 
 
 def test_the_setting_is_validated():

@@ -9,6 +9,7 @@ import pytest
 from numba import cuda
 
 import daskgpu as dg
+from daskgpu._bounded import BoundedCache
 from daskgpu._dask import chunk_task, mapping
 
 
@@ -20,26 +21,27 @@ def saxpy(out, a, x, y):
 
 
 def test_the_launch_cache_is_bounded():
-    cache = chunk_task._LaunchCache(size=2)
+    assert isinstance(chunk_task.launches, BoundedCache)
+    cache = BoundedCache(2, "map_kernel launches")
     made = []
 
     def make(key):
         return lambda: made.append(key) or key
 
     assert [cache.get(k, make(k)) for k in (1, 2, 1, 3, 1)] == [1, 2, 1, 3, 1]
-    assert made == [1, 2, 3, 1]  # 3 filled it: it started afresh
+    assert made == [1, 2, 3, 1]  # 3 filled it: 1, the oldest, went first
     cache.clear()
     assert cache.get(2, make(2)) == 2 and made[-1] == 2
 
 
 def test_gpu_clusters_remember_only_a_bounded_few():
-    seen = mapping._GPUClusters(size=2)
+    assert isinstance(mapping.gpu_clusters, BoundedCache)
+    seen = BoundedCache(2, "scheduler addresses with GPU workers")
     for address in ("tcp://a:1", "tcp://b:1"):
-        seen.add(address)
+        seen.put(address, True)
     assert "tcp://a:1" in seen and "tcp://c:1" not in seen
-    seen.add("tcp://c:1")
+    seen.put("tcp://c:1", True)
     assert "tcp://c:1" in seen and "tcp://a:1" not in seen
-
 
 
 def test_a_gpu_cluster_is_asked_for_its_workers_once():
@@ -65,5 +67,5 @@ def test_a_gpu_cluster_is_asked_for_its_workers_once():
 
 def test_the_out_placeholder_has_the_chunks_and_no_tasks():
     x = da.ones((6, 4), chunks=(4, 3))
-    p = dg.Out(np.float32, like=x)._placeholder()
+    p = mapping.placeholder(dg.Out(np.float32, like=x))
     assert p.chunks == x.chunks and len(dict(p.__dask_graph__())) == 0

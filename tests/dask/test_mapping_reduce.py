@@ -98,7 +98,8 @@ def test_per_chunk_fill_is_where_each_launch_starts(simulate):
 def test_mixed_aligned_and_per_chunk_outputs(simulate):
     xn, x = _values()
     doubled, count = dg.map_kernel(
-        doubled_and_count, dg.Out(np.int64, like=x), dg.Out(np.int64, per_chunk=1, combine="sum"), x)
+        doubled_and_count, dg.Out(np.int64, like=x),
+        dg.Out(np.int64, per_chunk=1, combine="sum"), x)
     assert doubled.chunks == x.chunks and count.shape == (1,)
     d, c = dask.compute(doubled, count)
     np.testing.assert_array_equal(d, 2 * xn)

@@ -10,8 +10,8 @@ from numba import cuda
 from numba.cuda.random import (
     init_xoroshiro128p_states_cpu,
     xoroshiro128p_dtype,
-    xoroshiro128p_uniform_float64,
     xoroshiro128p_uniform_float32,
+    xoroshiro128p_uniform_float64,
 )
 
 import daskgpu as dg

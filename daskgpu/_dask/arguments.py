@@ -1,0 +1,330 @@
+"""What :func:`~daskgpu.map_kernel` takes as a kernel's arguments, and what each one is.
+
+:class:`Out` stands for an output allocated per chunk on the worker (aligned
+with the chunks, or one per launch and optionally combined across chunks);
+:data:`offset` for the chunk's global start index. :func:`classify` tells
+every argument's kind (a dask array, an output, ``dg.offset``, random states,
+a whole array, a number) by the parameter type of
+:mod:`daskgpu._dask.chunk_params` it becomes; :mod:`daskgpu._dask.launch_plan`
+makes those parameters.
+"""
+
+from __future__ import annotations
+
+import math
+from numbers import Integral, Number
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from daskgpu._dask import reduction
+from daskgpu._dask.chunk_params import (
+    ChunkParam,
+    OffsetParam,
+    OutParam,
+    PerChunkParam,
+    StatesParam,
+    ValueParam,
+    WholeParam,
+)
+from daskgpu._image.random_states import RandomStates
+
+__all__ = ["Arg", "Out", "check_extras", "classify", "mapped_rank", "offset"]
+
+
+class _Offset:
+    """``dg.offset``: stands for a chunk's global start index in :func:`~daskgpu.map_kernel`.
+
+    Each occurrence expands to one ``int64`` kernel parameter per array
+    dimension, in axis order: a 1-D map passes one ``int64``, a 2-D map two
+    (row, column). The value is the global index of element 0 of the chunk the
+    kernel sees; with ``depth`` that is the start of the extended chunk
+    (negative at the lower edge unless ``boundary="none"``).
+
+    Examples
+    --------
+    >>> import daskgpu as dg, pickle
+    >>> dg.offset
+    daskgpu.offset
+    >>> pickle.loads(pickle.dumps(dg.offset)) is dg.offset
+    True
+    """
+
+    __slots__ = ()
+    _instance = None
+
+    def __new__(cls):
+        if cls._instance is None:
+            cls._instance = super().__new__(cls)
+        return cls._instance
+
+    def __reduce__(self):
+        return "offset"  # pickled by reference to the module-level singleton
+
+    def __repr__(self):
+        return "daskgpu.offset"
+
+    def __dask_tokenize__(self):
+        return "daskgpu.offset"
+
+
+offset = _Offset()
+
+
+class Out:
+    """An output array of :func:`~daskgpu.map_kernel`, allocated per chunk on the worker.
+
+    Parameters
+    ----------
+    dtype : numpy dtype
+        Element type of the output. Required.
+    like : array, optional
+        Take the shape, and for a dask array also the chunks and the array type
+        (NumPy or CuPy), from ``like``. It need not be an argument of the kernel.
+    shape : tuple of int, optional
+        The shape, when there is no ``like``.
+    chunks : optional
+        Dask chunks (anything ``dask.array`` accepts). Default: ``like``'s
+        chunks, else one chunk that takes the chunking of the arrays it is
+        aligned with.
+    per_chunk : int or tuple of int, optional
+        Instead of an output aligned with the chunks, give every launch its own
+        output of this shape. The result has shape ``numblocks + per_chunk``:
+        one block per launch, in chunk order. The launch still covers the
+        mapped chunk; per-chunk outputs do not change its size.
+    combine : str, ufunc or callable, optional
+        With ``per_chunk``: reduce the per-chunk outputs across chunks with a
+        tree reduction (``split_every=`` on :func:`~daskgpu.map_kernel`); the result
+        has shape ``per_chunk``. ``"sum"``, ``"prod"``, ``"min"``, ``"max"``,
+        a NumPy ufunc of two inputs (``np.add``, ``np.maximum``, ...), or a
+        function ``f(a, b) -> array`` of two partials. Partials are NumPy, or
+        CuPy (and stay on the device) when the chunks are CuPy.
+    fill : number, optional
+        With ``per_chunk``: the value each launch's output starts from, which
+        must fit ``dtype``. Default: the combine's identity (0 for ``"sum"``,
+        1 for ``"prod"``, the dtype's largest value or ``inf`` for ``"min"``,
+        its smallest for ``"max"``), else 0.
+
+    Each chunk of an aligned output is allocated zero-filled (NumPy, or CuPy
+    when the chunks are CuPy arrays) in the layout the kernel's signature asks
+    for.
+
+    Examples
+    --------
+    >>> import numpy as np, dask.array as da, daskgpu as dg
+    >>> x = da.ones(10, chunks=5)
+    >>> dg.Out(np.float32, like=x)
+    Out(float32, shape=(10,), chunks=((5, 5),))
+    >>> dg.Out("int64", shape=(4, 6), chunks=(2, 3))
+    Out(int64, shape=(4, 6), chunks=((2, 2), (3, 3)))
+    >>> dg.Out(np.int64, per_chunk=256, combine="sum")
+    Out(int64, per_chunk=(256,), combine='sum', fill=0)
+    """
+
+    __slots__ = ("dtype", "shape", "chunks", "meta", "per_chunk", "combine", "fill", "fold")
+
+    def __init__(self, dtype=None, like=None, shape=None, chunks=None, *, per_chunk=None,
+                 combine=None, fill=None):
+        import dask.array as da
+        from dask.array.core import normalize_chunks
+        from dask.array.utils import meta_from_array
+
+        if dtype is None:
+            raise TypeError(
+                "dg.Out needs a dtype: write dg.Out(np.float32, like=x) or "
+                "dg.Out(np.float32, shape=(n,), chunks=c)"
+            )
+        try:
+            self.dtype = np.dtype(dtype)
+        except TypeError as exc:
+            raise TypeError(f"dg.Out got dtype {dtype!r}, which numpy cannot read: {exc}") from None
+        self.meta = None
+        self.per_chunk = self.combine = self.fill = self.fold = None
+        if per_chunk is not None:
+            self._init_per_chunk(per_chunk, like, shape, chunks, combine, fill)
+            return
+        if combine is not None or fill is not None:
+            raise TypeError(
+                "dg.Out(combine=..., fill=...) applies to per-chunk outputs: write "
+                "dg.Out(dtype, per_chunk=shape, combine=..., fill=...)"
+            )
+        if like is not None:
+            if shape is not None:
+                raise TypeError("dg.Out takes like= or shape=, not both")
+            shape = getattr(like, "shape", None)
+            if shape is None:
+                raise TypeError(
+                    f"dg.Out(like=...) needs an array with a shape, got {type(like).__name__}"
+                )
+            if isinstance(like, da.Array):
+                if chunks is None:
+                    chunks = like.chunks
+                self.meta = meta_from_array(like._meta, len(like.shape), self.dtype)
+        elif shape is None:
+            raise TypeError(
+                "dg.Out needs like= (an array to copy shape and chunks from) or shape="
+            )
+        shape = (shape,) if isinstance(shape, Integral) else tuple(shape)
+        if any(not isinstance(n, Integral) or n < 0 for n in shape):
+            raise ValueError(
+                f"dg.Out needs a known, non-negative shape, got {shape!r}; for a dask "
+                "array of unknown chunk sizes call x.compute_chunk_sizes() first"
+            )
+        self.shape = tuple(int(n) for n in shape)
+        self.chunks = normalize_chunks(
+            self.shape if chunks is None else chunks, self.shape, dtype=self.dtype
+        )
+        if any(math.isnan(c) for dim in self.chunks for c in dim):
+            raise ValueError(
+                "dg.Out needs known chunk sizes; call x.compute_chunk_sizes() on `like` first"
+            )
+
+    def _init_per_chunk(self, per_chunk, like, shape, chunks, combine, fill):
+        if like is not None or shape is not None or chunks is not None:
+            raise TypeError(
+                "dg.Out(per_chunk=shape) takes no like=, shape= or chunks=: a per-chunk "
+                "output has its own shape, one per launch"
+            )
+        shape = (per_chunk,) if isinstance(per_chunk, Integral) else tuple(per_chunk)
+        if any(not isinstance(n, Integral) or n < 0 for n in shape):
+            raise ValueError(
+                f"dg.Out(per_chunk=...) needs a non-negative int or tuple of ints, got "
+                f"{per_chunk!r}"
+            )
+        self.shape = self.per_chunk = tuple(int(n) for n in shape)
+        self.chunks = tuple((n,) for n in self.shape)
+        if combine is not None:
+            self.fold = reduction.check_combine(combine)
+            self.combine = combine
+        if fill is None:
+            fill = reduction.default_fill(combine, self.dtype)
+        self.fill = reduction.check_fill(fill, self.dtype).item()
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    def __dask_tokenize__(self):
+        from dask.base import tokenize
+
+        meta = None if self.meta is None else type(self.meta).__module__
+        return ("daskgpu.Out", self.dtype.str, self.shape, self.chunks, meta, self.per_chunk,
+                None if self.combine is None else tokenize(self.combine), self.fill)
+
+    def __repr__(self):
+        if self.per_chunk is not None:
+            combine = "" if self.combine is None else f", combine={_combine_name(self.combine)}"
+            return (f"Out({self.dtype.name}, per_chunk={self.per_chunk}{combine}, "
+                    f"fill={self.fill!r})")
+        return f"Out({self.dtype.name}, shape={self.shape}, chunks={self.chunks})"
+
+
+def _combine_name(combine) -> str:
+    if isinstance(combine, str):
+        return repr(combine)
+    if isinstance(combine, np.ufunc):
+        return f"np.{combine.__name__}"
+    return getattr(combine, "__qualname__", repr(combine))
+
+
+# -- what each argument is ----------------------------------------------------
+
+class Arg(NamedTuple):
+    """One argument of :func:`~daskgpu.map_kernel`: the parameter type it becomes, and its value.
+
+    ``value`` indexes the dask arrays and outputs for :class:`ChunkParam` and
+    :class:`OutParam`; else it is the argument itself.
+    """
+
+    kind: type
+    value: Any
+
+
+def classify(args):
+    """The role of each argument, and the dask arrays and :class:`Out` among them.
+
+    Returns ``(roles, arrays)``: one :class:`Arg` per argument.
+    """
+    import dask.array as da
+    from dask.base import is_dask_collection
+
+    roles, arrays = [], []
+    for pos, a in enumerate(args):
+        if isinstance(a, da.Array):
+            if any(math.isnan(c) for dim in a.chunks for c in dim):
+                raise ValueError(
+                    f"map_kernel argument {pos} has unknown chunk sizes {a.chunks}; "
+                    "call x.compute_chunk_sizes() first"
+                )
+            roles.append(Arg(ChunkParam, len(arrays)))
+            arrays.append(a)
+        elif isinstance(a, Out) and a.per_chunk is not None:
+            roles.append(Arg(PerChunkParam, a))
+        elif isinstance(a, Out):
+            roles.append(Arg(OutParam, len(arrays)))
+            arrays.append(a)
+        elif a is offset:
+            roles.append(Arg(OffsetParam, None))
+        elif isinstance(a, RandomStates):
+            if a.n is not None or a.start:
+                raise TypeError(
+                    f"map_kernel argument {pos} is {a!r}; in map_kernel write "
+                    f"dg.random_states({a.seed}) without n or start: each chunk gets the "
+                    "states of its elements' global indices"
+                )
+            roles.append(Arg(StatesParam, a))
+        elif isinstance(a, np.ndarray) or hasattr(a, "__cuda_array_interface__"):
+            roles.append(Arg(WholeParam, a))
+        elif isinstance(a, (Number, np.generic)) and not is_dask_collection(a):
+            roles.append(Arg(ValueParam, a))
+        else:
+            raise TypeError(
+                f"map_kernel argument {pos} is a {type(a).__name__}; pass dask arrays, "
+                "numpy or device arrays (passed whole to every chunk), numbers, "
+                "dg.Out(dtype, like=x) outputs, dg.offset or dg.random_states(seed)"
+            )
+    if not arrays:
+        raise ValueError(
+            "map_kernel needs at least one dask array or dg.Out among the arguments "
+            "to take its chunks from (an aligned one: a per-chunk output has no chunks); "
+            "for a single launch use kernel.forall(n)(...)"
+        )
+    return roles, arrays
+
+
+def mapped_rank(arrays) -> int:
+    """The rank of the mapped chunks: the highest of the arrays', which outputs must have."""
+    ndim = max(len(a.shape) for a in arrays)
+    for a in arrays:
+        if isinstance(a, Out) and a.ndim != ndim:
+            raise ValueError(
+                f"map_kernel outputs must have the rank of the mapped arrays ({ndim}-D), "
+                f"got {a!r}"
+            )
+    if ndim == 0:
+        raise ValueError("map_kernel maps over arrays of at least one dimension")
+    return ndim
+
+
+def check_extras(roles, ndim, depth):
+    """Refuse per-chunk outputs and random states where they have no meaning."""
+    kinds = {r.kind for r in roles}
+    halo = depth is not None and any(
+        depth.values() if isinstance(depth, dict) else np.atleast_1d(depth).tolist())
+    if halo and PerChunkParam in kinds:
+        raise ValueError(
+            f"map_kernel got depth={depth!r} with a per-chunk output (dg.Out(per_chunk=...)). "
+            "Halos overlap neighbouring chunks, so their elements would count in two "
+            "per-chunk results; map without depth, or use an aligned output "
+            "(dg.Out(dtype, like=x)) and reduce it afterwards"
+        )
+    if halo and StatesParam in kinds:
+        raise ValueError(
+            f"map_kernel got depth={depth!r} with dg.random_states: a halo element "
+            "belongs to two chunks and would draw from one state twice; map without depth"
+        )
+    if StatesParam in kinds and ndim > 3:
+        raise ValueError(
+            f"dg.random_states numbers the elements of maps of up to 3 dimensions; this "
+            f"map is {ndim}-D. Reshape the arrays to at most 3 dimensions first"
+        )

@@ -1,0 +1,263 @@
+"""What each :func:`~daskgpu.map_kernel` task runs, planned on the client.
+
+:func:`select_image` picks the kernel image that takes the chunks' types and
+:func:`shipped` the PTX-only kernel the tasks carry; :func:`plan_params` turns
+every argument into the kernel parameters of :mod:`daskgpu._dask.chunk_params`.
+:func:`fuse` runs the launches of an earlier ``map_kernel`` whose result is
+read here in the same tasks: each ``map_kernel`` whose one result is an
+aligned output without halos records how it was made in :data:`chains`, a
+bounded registry keyed by the result's name (nothing is stored on the dask
+array). The graph is built in :mod:`daskgpu._dask.mapping`.
+"""
+
+from __future__ import annotations
+
+import operator
+import weakref
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from daskgpu._bounded import BoundedCache
+from daskgpu._dask.chunk_params import (
+    ChunkParam,
+    OffsetParam,
+    OutParam,
+    PerChunkParam,
+    StatesParam,
+    ValueParam,
+    WholeParam,
+    plain_dtype,
+)
+from daskgpu._dask.chunk_task import Fused
+from daskgpu._image.random_states import STATE_DTYPE
+from daskgpu._runtime import backend as backends
+from daskgpu._runtime.ptx_kernel import PTXKernel
+
+__all__ = ["ChainLink", "Planned", "Result", "chains", "check_kernel", "fuse", "plan_params",
+           "select_image", "shipped"]
+
+
+def check_kernel(kernel) -> None:
+    """Refuse anything but a daskgpu kernel, with the fix for a Numba dispatcher."""
+    if isinstance(kernel, PTXKernel) or (
+        hasattr(kernel, "ptx_kernel") and hasattr(kernel, "select_image")
+    ):
+        return
+    hint = ""
+    if hasattr(kernel, "py_func"):
+        hint = " Wrap a numba.cuda.jit dispatcher with dg.kernel(dispatcher) first."
+    raise TypeError(
+        "map_kernel takes a daskgpu kernel (made by dg.jit or dg.kernel, or loaded "
+        f"by dg.load), got {type(kernel).__name__}.{hint}"
+    )
+
+
+def select_image(kernel, roles, arrays, ndim, grid_ndim):
+    """The image that takes the chunks' types, and the rank of its launch grid."""
+    image = _select(kernel, _examples(roles, arrays, ndim))
+    rank = (image.grid_ndim or 1) if grid_ndim is None else operator.index(grid_ndim)
+    if rank not in (1, ndim) or not 1 <= rank <= 3:
+        raise ValueError(
+            f"kernel {kernel.__name__!r} launches a {rank}-D grid over {ndim}-D chunks; "
+            f"map_kernel launches 1-D over the chunk's elements or {ndim}-D over its "
+            "shape (up to 3-D). Pass grid_ndim=1 to index the chunk's flat elements."
+        )
+    return image, rank
+
+
+def _select(kernel, examples):
+    try:
+        return kernel.select_image(examples)
+    except TypeError as exc:
+        raise TypeError(
+            "map_kernel passes each chunk as a C-contiguous array of its dask array's "
+            f"dtype and rank, and dg.offset as int64 (one per dimension).\n{exc}"
+        ) from None
+
+
+def _examples(roles, arrays, ndim):
+    """One argument per kernel parameter that has the chunk's type."""
+    out = []
+    for kind, value in roles:
+        if kind is ChunkParam or kind is OutParam:
+            a = arrays[value]
+            rank = ndim if kind is OutParam else a.ndim
+            out.append(np.empty((1,) * rank, dtype=a.dtype))
+        elif kind is OffsetParam:
+            out.extend([np.int64(0)] * ndim)
+        elif kind is PerChunkParam:
+            out.append(np.empty((1,) * value.ndim, dtype=value.dtype))
+        elif kind is StatesParam:
+            out.append(np.empty(1, dtype=STATE_DTYPE))
+        else:
+            out.append(value)
+    return tuple(out)
+
+
+def shipped(kernel, image) -> PTXKernel:
+    """The PTX-only kernel holding just ``image`` (with its function if simulating)."""
+    ptx = kernel.ptx_kernel() if not isinstance(kernel, PTXKernel) else kernel
+    images = tuple(im for im in ptx.images if im == image)
+    # An image without its Python function (a loaded bundle) runs on GPUs only.
+    if backends.current().simulated and images[0].py_func is None:
+        raise TypeError(
+            f"kernel {ptx.__name__!r} was loaded without its Python function, so it "
+            "cannot run in the CUDA simulator; turn daskgpu.simulate off and run it on "
+            "a GPU, or map the client kernel (dg.jit) instead"
+        )
+    return PTXKernel(images)
+
+
+class Planned(NamedTuple):
+    """One kernel parameter: its parameter object and, on the client, where it comes from.
+
+    ``source`` indexes the dask arrays and outputs for :class:`ChunkParam`
+    and :class:`OutParam`, is the :class:`Out` of a :class:`PerChunkParam`,
+    the task argument of a :class:`WholeParam` or :class:`ValueParam`, else None.
+    """
+
+    param: Any
+    source: Any
+
+
+class Result(NamedTuple):
+    """A returned parameter: its index among the kernel's parameters, and its dtype."""
+
+    index: int
+    dtype: np.dtype
+
+
+def plan_params(kernel_name, image, roles, arrays, out_chunks):
+    """What each kernel parameter is per chunk, and which of them a task returns.
+
+    Returns ``(plan, returns)``: one :class:`Planned` per kernel parameter
+    (``dg.offset`` is one :class:`OffsetParam` per axis), and a
+    :class:`Result` for each output, then for each dask input the kernel
+    writes.
+    """
+    ndim = len(out_chunks)
+    specs = iter(image.args)
+    plan, returns, written_inputs = [], [], []
+    for kind, value in roles:
+        if kind is OffsetParam:
+            for ax in range(ndim):
+                next(specs)
+                plan.append(Planned(OffsetParam(ax), None))
+            continue
+        spec, index = next(specs), len(plan)
+        written = index in image.writes
+        if kind is ChunkParam:
+            plan.append(Planned(ChunkParam(spec.layout, written), value))
+            if written:
+                written_inputs.append(Result(index, arrays[value].dtype))
+        elif kind is OutParam:
+            dtype = arrays[value].dtype
+            plan.append(Planned(OutParam(plain_dtype(dtype), spec.layout), value))
+            returns.append(Result(index, dtype))
+        elif kind is PerChunkParam:
+            param = PerChunkParam(plain_dtype(value.dtype), value.per_chunk, value.fill,
+                                  spec.layout)
+            plan.append(Planned(param, value))
+            returns.append(Result(index, value.dtype))
+        elif kind is StatesParam:  # scratch: the kernel's writes to its states are not returned
+            shape = tuple(int(sum(c)) for c in out_chunks)  # random states refuse halos
+            param = StatesParam(value.seed, StatesParam.strides_of(shape), _states_builder())
+            plan.append(Planned(param, None))
+        elif kind is WholeParam:
+            plan.append(Planned(WholeParam(written), value))
+        else:
+            plan.append(Planned(ValueParam(), value))
+    returns += written_inputs
+    if not returns:
+        raise ValueError(
+            f"kernel {kernel_name!r} has nothing to return: give an output "
+            "dg.Out(dtype, like=x), or pass a dask array that the kernel writes"
+        )
+    return tuple(plan), tuple(returns)
+
+
+def _states_builder():
+    """The PTX-only states kernel, compiled here on the client; None while simulating."""
+    if backends.current().simulated:
+        return None  # simulated workers build states on the host, from the same table
+    from daskgpu._compiler.random_states import builder
+
+    return builder()
+
+
+# -- fusing chained map_kernels -----------------------------------------------
+
+class ChainLink:
+    """How a ``map_kernel`` result was made, so that a later ``map_kernel`` can fuse with it.
+
+    It holds its result weakly: it applies to that very array only (not to a
+    persisted or otherwise rebuilt array of the same name), and lets go of the
+    launch and its arguments once the array is gone.
+
+    Parameters
+    ----------
+    result : dask.array.Array
+        The one aligned output of a ``map_kernel`` without halos.
+    launch : ChunkLaunch or Fused
+        What each of its tasks runs.
+    args : tuple
+        The tasks' arguments, before the chunk's place.
+    layout : str
+        The output's layout, ``"C"`` or ``"F"``.
+    """
+
+    __slots__ = ("_result", "launch", "args", "layout", "__weakref__")
+
+    def __init__(self, result, launch, args, layout):
+        self.launch, self.args, self.layout = launch, tuple(args), layout
+        # The callback holds the link weakly too: an evicted link goes at once.
+        link = weakref.ref(self)
+
+        def release(_dead):
+            alive = link()
+            if alive is not None:
+                alive.launch = alive.args = None
+
+        self._result = weakref.ref(result, release)
+
+    def of(self, array) -> bool:
+        """Whether this link describes ``array`` itself (and not another of its name)."""
+        return self._result() is array
+
+
+#: ``map_kernel`` results a later ``map_kernel`` may fuse with, by key name
+#: (client side); see :class:`ChainLink`.
+chains = BoundedCache(256, "map_kernel results to fuse with")
+
+
+def fuse(fn, task_args, plan, arrays, blocks, block_chunks):
+    """Fuse the launches of earlier map_kernels whose outputs this one reads.
+
+    An input qualifies when it is the very array an earlier ``map_kernel``
+    returned, as its one aligned output without halos (its :class:`ChainLink`
+    in :data:`chains`), read here unchanged (same chunks, no halo, not
+    written, a compatible layout) and only once. Its task then runs that
+    ``map_kernel``'s launch first, in the same task, on that one's own
+    inputs: the intermediate chunk exists only there (on the GPU for host
+    chunks), and the earlier array's tasks are not in this graph. If it is
+    also computed on its own, its launches run twice, with equal results; set
+    ``daskgpu.fuse-chains`` to false to keep them apart.
+    """
+    found, pos = [], 0
+    names = [arrays[source].name for param, source in plan if isinstance(param, ChunkParam)]
+    for param, source in plan:
+        if isinstance(param, ChunkParam):
+            a = arrays[source]
+            link = chains.lookup(a.name)
+            if (link is not None and link.of(a) and not param.written
+                    and names.count(a.name) == 1 and blocks[source].name == a.name
+                    and a.ndim == len(block_chunks) and a.chunks == block_chunks
+                    and (param.layout == "A" or (param.layout == "F") == (link.layout == "F"))):
+                found.append((pos, link))
+        if param.takes_value:
+            pos += 1
+    for pos, link in reversed(found):  # later slots first: earlier ones stay put
+        fn = Fused(link.launch, fn, pos, len(link.args))
+        task_args = task_args[:pos] + list(link.args) + task_args[pos + 1:]
+    return fn, task_args
