@@ -24,7 +24,9 @@ from daskgpu._errors import (
     PTXVersionError,
 )
 from daskgpu._image.image import KernelImage
-from daskgpu._runtime.launch import Launch, LaunchConfig, PTXKernel
+from daskgpu._image.launch_config import LaunchConfig
+from daskgpu._runtime.launch import Launch
+from daskgpu._runtime.ptx_kernel import PTXKernel
 
 __version__ = "0.1.0"
 

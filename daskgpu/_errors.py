@@ -98,6 +98,9 @@ class CUDAError(DeviceError):
         super().__init__(message)
         self.code = code
 
+    def __reduce__(self):  # the failed task's error travels to the client pickled
+        return type(self), (self.code, str(self))
+
 
 class ContextLostError(CUDAError):
     """A sticky CUDA error (an illegal address, say): every later CUDA call in the process fails.

@@ -6,7 +6,8 @@ import pytest
 
 from daskgpu._compiler.kernel import Kernel
 from daskgpu._image.image import KernelImage
-from daskgpu._runtime.launch import Launch, LaunchAPI, PTXKernel
+from daskgpu._runtime.launch import Launch, LaunchAPI
+from daskgpu._runtime.ptx_kernel import PTXKernel
 
 CLASSES = [Kernel, Launch, PTXKernel, KernelImage]
 

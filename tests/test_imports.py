@@ -78,8 +78,8 @@ def _layer(module: str) -> str:
 
 def test_the_graph_sees_imports_inside_functions():
     graph = import_graph()
-    # launch.py reaches the launcher only when a launch runs on a GPU.
-    assert "daskgpu._runtime.launcher" in graph["daskgpu._runtime.launch"]
+    # The backend reaches the GPU launch only when a launch runs on a GPU.
+    assert "daskgpu._runtime.gpu.run" in graph["daskgpu._runtime.backend"]
 
 
 def test_no_module_imports_another_in_a_loop():

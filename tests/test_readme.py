@@ -34,7 +34,7 @@ SCHEDULER = "tcp://scheduler:8786"
 
 
 def _gpu() -> bool:
-    from daskgpu._runtime._cuda import device_count
+    from daskgpu._runtime.gpu.driver import device_count
 
     return device_count()[0] > 0
 

@@ -11,7 +11,7 @@ import pytest
 from numba import cuda
 
 import daskgpu as dg
-from daskgpu._runtime._cuda import nvjitlink_version
+from daskgpu._runtime.gpu.driver import nvjitlink_version
 
 # Read a setting with dask loaded, so daskgpu's defaults are registered before any
 # dask.config.set below (see test_public_api.py::test_config_set_keeps_the_defaults).
@@ -30,10 +30,12 @@ WORKER = textwrap.dedent("""
     import importlib, json, pickle, pkgutil, sys
     sys.modules["numba"] = None  # before any import: numba cannot be imported
 
-    import daskgpu, daskgpu._runtime.launch, daskgpu._image.image, daskgpu._image.argspec, daskgpu._runtime
-    for module in pkgutil.iter_modules(daskgpu._runtime.__path__):  # every one, new ones too
-        importlib.import_module(f"daskgpu._runtime.{module.name}")
-    from daskgpu._runtime.marshal import ParamLayout
+    import daskgpu, daskgpu._runtime.launch, daskgpu._image.image, daskgpu._image.argspec
+    import daskgpu._runtime
+    # Every module, in subpackages (the GPU backend) too, new ones too.
+    for module in pkgutil.walk_packages(daskgpu._runtime.__path__, "daskgpu._runtime."):
+        importlib.import_module(module.name)
+    from daskgpu._runtime.gpu.marshal import ParamLayout
 
     launch = pickle.loads(sys.stdin.buffer.read())
     images = launch.kernel.images
@@ -46,13 +48,14 @@ WORKER = textwrap.dedent("""
         "config": repr(launch.config),
     }
     if sys.argv[1] == "link":
-        from daskgpu._runtime import linking
-        # No driver on CI machines; nvJitLink alone links (see test_linking.py).
-        linking.driver_version = lambda: (12, 9)
-        report["cubin"] = linking.link_cubin(images[0], (9, 0))[:4].hex()
+        from daskgpu._runtime.gpu import linker
+        # No driver on CI machines; nvJitLink alone links (see gpu/test_linker.py).
+        linker.driver_version = lambda: (12, 9)
+        report["cubin"] = linker.link_cubin(images[0], (9, 0))[:4].hex()
     report["numba"] = sorted(
         m for m, v in sys.modules.items() if m.startswith("numba") and v is not None)
     report["dask"] = sorted(m for m in sys.modules if m.split(".")[0] in ("dask", "distributed"))
+    report["imported"] = sorted(m for m in sys.modules if m.startswith("daskgpu._runtime."))
     print(json.dumps(report))
 """)
 
@@ -101,3 +104,11 @@ def test_worker_half_links_without_numba():
     out = run_worker(saxpy[1, 32], "link")
     assert out["cubin"] == b"\x7fELF".hex()
     assert out["numba"] == []
+
+
+def test_every_runtime_module_imports_without_numba(report):
+    # The walk above reaches the GPU backend's subpackage too, and the
+    # simulator module imports numba only when it simulates.
+    assert "daskgpu._runtime.gpu.run" in report["imported"]
+    assert "daskgpu._runtime.gpu.fast_path" in report["imported"]
+    assert "daskgpu._runtime.simulator" in report["imported"]

@@ -121,7 +121,7 @@ def resolve(module, attr: str, module_ref: str):
 
 def as_kernel(obj, sigs, overrides, what):
     from daskgpu._compiler.kernel import Kernel, jit, kernel
-    from daskgpu._runtime.launch import PTXKernel
+    from daskgpu._runtime.ptx_kernel import PTXKernel
 
     if isinstance(obj, PTXKernel):
         if sigs or overrides:

@@ -15,7 +15,7 @@ import os
 from cuda.bindings import driver
 
 from daskgpu._image.ptx import max_ptx_isa
-from daskgpu._runtime._cuda import device_count, driver_version, nvjitlink_version
+from daskgpu._runtime.gpu.driver import device_count, driver_version, nvjitlink_version
 
 
 def print_info(as_json: bool = False) -> int:

@@ -9,7 +9,9 @@ from daskgpu._compiler.compile import CompileOptions, compile_image
 from daskgpu._compiler.signatures import normalize, typeof_args
 from daskgpu._errors import PicklingError
 from daskgpu._runtime import backend
-from daskgpu._runtime.launch import LaunchAPI, PTXKernel, select_image, written_result
+from daskgpu._runtime.dispatch import select_image
+from daskgpu._runtime.launch import LaunchAPI, written_result
+from daskgpu._runtime.ptx_kernel import PTXKernel
 
 
 class Kernel(LaunchAPI):

@@ -6,7 +6,7 @@ collects C++ shims (the float16 and bfloat16 operators, compiled with NVRTC),
 and cudadevrt for cooperative groups. Everything but cudadevrt is compiled
 here, on the client and without a driver, so the image carries it as PTX or
 LTO-IR; cudadevrt is a static library of the CUDA toolkit that each worker
-links from its own installation (see ``daskgpu._runtime.linking``).
+links from its own installation (see ``daskgpu._runtime.gpu.linker``).
 """
 
 from __future__ import annotations

@@ -75,7 +75,7 @@ class _Builder:
 
     def __call__(self):
         from daskgpu._compiler.kernel import Kernel
-        from daskgpu._runtime.launch import PTXKernel
+        from daskgpu._runtime.ptx_kernel import PTXKernel
 
         with self._lock:
             if self._kernel is None:

@@ -436,7 +436,7 @@ def visible_devices() -> tuple:
     names them (its entries, else ordinals), empty without a GPU, when
     ``reason`` says why. Counts with the driver API; imports no numba.
     """
-    from daskgpu._runtime._cuda import device_count
+    from daskgpu._runtime.gpu.driver import device_count
 
     count, reason = device_count()
     if count == 0:

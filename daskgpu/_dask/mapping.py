@@ -331,12 +331,16 @@ def _build_graph(ship, plan, returns, arrays, aligned, out_chunks, *, rank, tpb,
     # output chunk would double the graph and the scheduler's work.
     block_chunks = broadcast_chunks(*(b.chunks for b in blocks))
     places = _places(block_chunks, out_chunks, halo, left)
-    fn = ChunkLaunch(ship, tuple(p.param for p in plan), tuple(r.index for r in returns),
-                     rank, tpb, base is not None)
+    image = ship.images[0]
+    fn = ChunkLaunch(ship.__name__, tuple(p.param for p in plan),
+                     tuple(r.index for r in returns), rank, tpb, base is not None,
+                     (image.hash, backends.for_image(image).name))
+    kernels = [kernel_key(ship)]
     task_args = [blocks[source] if isinstance(param, ChunkParam) else source
                  for param, source in plan if param.takes_value]
     if not any(halo) and flag("fuse-chains", True):
-        fn, task_args = fuse(fn, task_args, plan, arrays, blocks, block_chunks)
+        fn, kernels, task_args = fuse(fn, kernels, task_args, plan, arrays, blocks,
+                                      block_chunks)
 
     def meta_of(dtype, nd):
         if base is not None:
@@ -349,9 +353,9 @@ def _build_graph(ship, plan, returns, arrays, aligned, out_chunks, *, rank, tpb,
     with _gpu_annotation():
         if len(returns) == 1:
             meta = meta_of(returns[0].dtype, ndim + len(per_chunk[0] or ()))
-            results = [_launches(fn, task_args, places, name, meta, per_chunk[0])]
+            results = [_launches(fn, kernels + task_args, places, name, meta, per_chunk[0])]
         else:
-            launched = _launches(fn, task_args, places, name,
+            launched = _launches(fn, kernels + task_args, places, name,
                                  np.empty((0,) * ndim, dtype=object))
             results = [
                 launched.map_blocks(operator.getitem, i, name=f"{name}-out{i}",
@@ -363,9 +367,23 @@ def _build_graph(ship, plan, returns, arrays, aligned, out_chunks, *, rank, tpb,
         results = [trim_internal(r, *trim) for r in results]
     elif len(returns) == 1 and isinstance(plan[returns[0].index].param, OutParam):
         # A later map_kernel over this result may fuse its launches with these.
-        chains.put(results[0].name, ChainLink(results[0], fn, task_args,
+        chains.put(results[0].name, ChainLink(results[0], fn, kernels, task_args,
                                               plan[returns[0].index].param.layout))
     return results[0] if len(results) == 1 else tuple(results)
+
+
+def kernel_key(kernel):
+    """``kernel`` as a key of the graph of its own, named by its image's hash.
+
+    Every launch task takes it as an argument, so the kernel's PTX travels
+    once to each worker that runs a launch (and once to the scheduler), not
+    in every task: a task's size does not grow with the PTX.
+    """
+    import dask
+
+    image = kernel.images[0]
+    return dask.delayed(kernel, name=f"daskgpu-kernel-{kernel.__name__}-{image.hash[:32]}",
+                        traverse=False)
 
 
 def _launches(fn, task_args, places, name, meta, per_chunk=None):

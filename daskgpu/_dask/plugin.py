@@ -1,22 +1,37 @@
-"""``GPUWorkerPlugin``: readies any Dask worker for daskgpu launches.
+"""``GPUWorkerPlugin``: readies a Dask worker for daskgpu launches; closes it after a lost context.
 
 The plugin is plain data on the client; its ``setup`` runs on the worker, where
 it makes the worker's GPU current (creating its context), imports the runtime,
 and records the device's facts. :func:`device_info` reads those facts back.
-Nothing here imports numba.
+
+After a sticky CUDA error (an illegal address, say) every later CUDA call in
+the process fails. The runtime raises :class:`~daskgpu._errors.ContextLostError`
+and nothing else; the plugin sees the task fail with it (its ``transition``
+hook) and closes the worker process once the error has reached the scheduler,
+so that the nanny starts a fresh one and later tasks (and retries, with
+``retries=``) run on a working context. Nothing here imports numba.
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import os
 
 from distributed.diagnostics.plugin import WorkerPlugin
+from distributed.protocol import pickle
 
 from daskgpu import _config
-from daskgpu._errors import DeviceError
+from daskgpu._errors import ContextLostError, DeviceError
+
+logger = logging.getLogger("daskgpu")
 
 #: The name the plugin registers under on every worker.
 PLUGIN_NAME = "daskgpu-gpu"
+
+# Seconds the worker keeps running after a task lost the CUDA context, so
+# that the task's error reaches the scheduler before the process goes.
+_GRACE = 0.5
 
 
 class GPUWorkerPlugin(WorkerPlugin):
@@ -35,6 +50,12 @@ class GPUWorkerPlugin(WorkerPlugin):
     GPU call and records simulated facts. A worker without a usable GPU, not
     simulating, fails setup with a :class:`~daskgpu.DeviceError`.
 
+    When a task on the worker fails with a
+    :class:`~daskgpu._errors.ContextLostError` (a sticky CUDA error: the
+    process's context is unusable), the plugin closes the worker process
+    half a second later, after the task's error has gone to the scheduler;
+    its nanny then starts a fresh process.
+
     Examples
     --------
     >>> import daskgpu as dg
@@ -50,17 +71,77 @@ class GPUWorkerPlugin(WorkerPlugin):
     # Setup is the same every time: registering it again changes nothing.
     idempotent = True
 
+    #: The worker set up, on the worker only (never pickled).
+    _worker = None
+    #: Whether the worker is being closed after a lost context.
+    _closing = False
+
     def __init__(self):
         #: The device facts recorded by :meth:`setup`; None until it has run.
         self.info = None
 
     def setup(self, worker):
-        """Check the settings, make the worker's GPU current, import the runtime, record its facts."""
+        """Check the settings, make the worker's GPU current, import the runtime, record
+        its facts."""
         _config.check()  # a bad daskgpu.* value fails the worker's start, named
+        self._worker = worker
         self.info = _probe(warm=True)
+
+    def transition(self, key, start, finish, **kwargs):
+        """Close the worker after a task failed with a lost CUDA context.
+
+        Distributed calls this on the worker's event loop for every state
+        change of every task; only a change to ``"error"`` is looked at.
+        """
+        if finish != "error" or self._worker is None or self._closing:
+            return
+        task = self._worker.state.tasks.get(key)
+        if task is None or not lost_context(task):
+            return
+        self._closing = True
+        worker = self._worker
+        logger.error("daskgpu: task %r lost the CUDA context (%s); closing worker %s so "
+                     "its nanny restarts it", key, task.exception_text, worker.address)
+        worker.loop.call_later(_GRACE, _close, worker)
+
+    def __getstate__(self):
+        state = dict(self.__dict__)
+        state.pop("_worker", None)  # the worker stays where it is
+        state.pop("_closing", None)
+        return state
 
     def __repr__(self):
         return "GPUWorkerPlugin()"
+
+
+def lost_context(task) -> bool:
+    """Whether the worker's failed task state ``task`` failed with a ContextLostError.
+
+    Distributed keeps a failed task's exception pickled (``task.exception``)
+    and its ``repr`` (``task.exception_text``). The exception is read back,
+    with the ones it was raised from; one that could not be pickled travels as
+    ``Exception(repr(exc))``, so the repr's class name counts too.
+    """
+    exc = getattr(task.exception, "data", task.exception)
+    if isinstance(exc, bytes | bytearray):
+        try:
+            exc = pickle.loads(exc)
+        except Exception:
+            exc = None
+    seen = set()
+    while isinstance(exc, BaseException) and id(exc) not in seen:
+        if isinstance(exc, ContextLostError):
+            return True
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return (task.exception_text or "").startswith(f"{ContextLostError.__name__}(")
+
+
+def _close(worker):
+    # nanny=False: the nanny sees its worker process exit and starts a new one.
+    asyncio.ensure_future(
+        worker.close(nanny=False, executor_wait=False, reason="daskgpu: CUDA context lost")
+    )
 
 
 def device_info(dask_worker=None) -> dict:
@@ -126,7 +207,7 @@ def _probe(warm: bool) -> dict:
         }
     # Worker-only imports: cuda.core and the runtime load here, not on import.
     try:
-        from daskgpu._runtime import device as _device
+        from daskgpu._runtime.gpu import device as _device
 
         state = _device.current()
     except Exception as e:
@@ -137,20 +218,17 @@ def _probe(warm: bool) -> dict:
             "kernels in Numba's CUDA simulator with the dask.config setting "
             "daskgpu.simulate=True (LocalGPUCluster(simulate=True) sets it)."
         ) from e
-    if warm:
-        import daskgpu._runtime.launcher  # noqa: F401
-    from cuda.bindings import driver
-
-    from daskgpu._runtime._cuda import check, driver_version, nvjitlink_version
+    if warm:  # the general and the repeat launch paths, and all they use
+        import daskgpu._runtime.gpu.fast_path  # noqa: F401
+    from daskgpu._runtime.gpu.driver import driver_version, nvjitlink_version
 
     dev = state.device
-    handle = check(driver.cuDeviceGet(state.id), "cuDeviceGet")
     return {
         "simulated": False,
         "device_id": state.id,
         "name": dev.name,
         "cc": state.cc,
-        "total_memory": int(check(driver.cuDeviceTotalMem(handle), "cuDeviceTotalMem")),
+        "total_memory": _device.total_memory(state),
         "uuid": str(dev.uuid),
         "pci_bus_id": str(dev.pci_bus_id),
         "driver_version": driver_version(),

@@ -1,13 +1,17 @@
-"""Launch configurations: grid and block, or forall-style task counts.
+"""Launch configurations: grid and block, or forall-style task counts, and their geometry.
 
 Plain values that compare, hash and pickle by their dimensions; checked here
-against what any device accepts, and against a device's own limits by the
-runtime that launches them.
+against what any device accepts, and against a device's own limits
+(:class:`DeviceLimits`) by the runtime that launches them. A forall's grid and
+block (:func:`launch_dims`) are pure arithmetic over the task counts and the
+block size the occupancy API gives, so the simulator and the GPU share them.
 """
 
 from __future__ import annotations
 
+import math
 import operator
+from dataclasses import dataclass
 
 from daskgpu._errors import LaunchConfigError, PicklingError
 
@@ -131,3 +135,148 @@ class LaunchConfig:
 
 def _rebuild_config(griddim, blockdim, sharedmem, ntasks, tpb):
     return LaunchConfig(griddim, blockdim, 0, sharedmem, ntasks=ntasks, tpb=tpb)
+
+
+def task_counts(config) -> tuple | None:
+    """A forall config's task counts as a tuple; None for a grid-and-block config.
+
+    Examples
+    --------
+    >>> task_counts(LaunchConfig(ntasks=10)), task_counts(LaunchConfig(ntasks=(4, 5)))
+    ((10,), (4, 5))
+    >>> task_counts(LaunchConfig(1, 32)) is None
+    True
+    """
+    ntasks = config.ntasks
+    if ntasks is None:
+        return None
+    return ntasks if isinstance(ntasks, tuple) else (ntasks,)
+
+
+@dataclass(frozen=True)
+class DeviceLimits:
+    """What a device accepts: threads per block, block and grid sizes, shared memory."""
+
+    max_threads_per_block: int
+    max_block_dim: tuple
+    max_grid_dim: tuple
+    max_shared_memory_per_block: int
+
+    def check(self, griddim, blockdim, sharedmem, kernel_max_threads, name):
+        """Raise :class:`LaunchConfigError` for a configuration the device refuses."""
+        threads = blockdim[0] * blockdim[1] * blockdim[2]
+        limit = min(self.max_threads_per_block, kernel_max_threads)
+        problems = []
+        if threads > limit:
+            problems.append(
+                f"block {blockdim} has {threads} threads, but kernel {name!r} allows at "
+                f"most {limit} per block on this device"
+                + (" (limited by its register use)"
+                   if kernel_max_threads < self.max_threads_per_block else "")
+            )
+        if any(b > m for b, m in zip(blockdim, self.max_block_dim)):
+            problems.append(
+                f"block {blockdim} exceeds the device's block limits {self.max_block_dim}")
+        if any(g > m for g, m in zip(griddim, self.max_grid_dim)):
+            problems.append(
+                f"grid {griddim} exceeds the device's grid limits {self.max_grid_dim}")
+        if sharedmem > self.max_shared_memory_per_block:
+            problems.append(
+                f"dynamic shared memory of {sharedmem} bytes exceeds the device's "
+                f"{self.max_shared_memory_per_block} bytes per block"
+            )
+        if problems:
+            raise LaunchConfigError(
+                "; ".join(problems) + ". Choose a smaller configuration, or use "
+                "kernel.forall(n) to let daskgpu pick the block size."
+            )
+
+
+# -- the geometry of a forall launch -----------------------------------------------
+
+def launch_dims(config, block_size, max_grid=(2**31 - 1, 65535, 65535)):
+    """``(griddim, blockdim)`` as 3-tuples; forall configs get occupancy blocks.
+
+    ``block_size`` is the occupancy API's block size for the kernel: an int, or
+    a callable taking the dynamic shared memory in bytes, called only when
+    the config gives no ``tpb``.
+
+    Examples
+    --------
+    >>> launch_dims(LaunchConfig(ntasks=1000), 256)
+    ((4, 1, 1), (256, 1, 1))
+    >>> launch_dims(LaunchConfig(ntasks=(100, 3)), lambda sharedmem: 1024)
+    ((1, 1, 1), (256, 4, 1))
+    """
+    ntasks = task_counts(config)
+    if ntasks is None:
+        return config.griddim, config.blockdim
+    size = config.tpb or (block_size(config.sharedmem) if callable(block_size) else block_size)
+    block = fit_grid(ntasks, block_shape(size, ntasks), max_grid)
+    grid = tuple(max(1, -(-n // b)) for n, b in zip(ntasks, block))
+    return pad3(grid), pad3(block)
+
+
+_MAX_BLOCK = (1024, 1024, 64)
+
+
+def fit_grid(ntasks: tuple, block: tuple, max_grid: tuple) -> tuple:
+    """``block`` reshaped, its thread count kept, so that no grid axis exceeds its limit.
+
+    The y and z grid axes take at most 65535 blocks: an axis of more tasks
+    gets more threads of the block, taken from the axes that need them least.
+    """
+    block = list(block)
+    total = math.prod(block)
+    for axis, n in enumerate(ntasks):
+        need = -(-n // max_grid[axis])
+        while block[axis] < need:
+            if block[axis] * 2 > _MAX_BLOCK[axis]:
+                raise LaunchConfigError(
+                    f"forall over {ntasks} tasks needs more than {max_grid[axis]} blocks "
+                    f"along axis {axis} even with {block[axis]} threads of each block there; "
+                    "the device cannot launch that grid. Put the longest axis first "
+                    "(grid x allows 2**31 - 1 blocks) or split the launch."
+                )
+            block[axis] *= 2
+            others = [a for a in range(len(block)) if a != axis and block[a] > 1]
+            if math.prod(block) > total and others:
+                widest = max(others, key=lambda a: block[a])
+                block[widest] //= 2
+    return tuple(block)
+
+
+def block_shape(size: int, ntasks: tuple) -> tuple:
+    """A block of at most ``size`` threads for an N-D forall over ``ntasks``.
+
+    Kernels index ``a[i, j]`` with ``i, j = cuda.grid(2)``, so the last axis is
+    the contiguous one of a C-ordered chunk. A warp is 32 consecutive threads
+    in x-fastest order; blocks one thread wide in x (and y, for 3-D) make each
+    warp run along the last axis, where its loads coalesce.
+    """
+    if len(ntasks) == 1:
+        return (size,)
+    inner_limit = 1024 if len(ntasks) == 2 else 64  # the device's block y / z limits
+    last = _pow2_at_least(ntasks[-1])
+    if last >= 32:  # a whole warp fits along the last axis: give it all of x (and y)
+        return (1,) * (len(ntasks) - 1) + (min(size, inner_limit, last),)
+    rest = max(1, size // last)
+    if len(ntasks) == 2:
+        return (rest, last)
+    middle = min(rest, _pow2_at_least(ntasks[1]))
+    return (max(1, rest // middle), middle, last)
+
+
+def _pow2_at_least(n: int) -> int:
+    return 1 << max(0, int(n) - 1).bit_length()
+
+
+def pad3(dims) -> tuple:
+    """``dims`` with trailing 1s up to three axes.
+
+    Examples
+    --------
+    >>> pad3((4, 2))
+    (4, 2, 1)
+    """
+    return tuple(dims) + (1,) * (3 - len(dims))

@@ -1,5 +1,19 @@
-"""The worker half: link PTX per device, marshal arguments, launch.
+"""The worker half: launches as plain data, and the backends that run them.
 
-Nothing under this package imports numba; workers need only numpy, cuda-core
-and cuda-bindings.
+Nothing under this package imports numba (but the simulator, to simulate) or
+Dask; workers need only numpy, cuda-core and cuda-bindings.
+
+=======================  ==========================================================
+module                   what it holds
+=======================  ==========================================================
+``launch``               ``Launch`` and ``LaunchAPI``: launch syntax and dispatch
+``ptx_kernel``           ``PTXKernel``: a compiled kernel as plain data
+``dispatch``             which image takes the arguments, as Numba's dispatcher picks
+``backend``              where a launch runs: the GPU or the simulator
+``gpu/``                 the GPU backend: link, cache, marshal, stage, launch
+``simulator``            the simulator backend: Numba's CUDA simulator on the host
+``random_states``        ``dg.random_states`` built where the kernel runs
+``faults``               exceptions raised by kernels on the device
+``kernel_files``         kernel bundle files: ``dg.save`` / ``dg.load``
+=======================  ==========================================================
 """

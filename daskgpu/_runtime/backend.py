@@ -20,34 +20,37 @@ __all__ = ["GPUBackend", "SimulatorBackend", "current", "for_image"]
 
 
 class GPUBackend:
-    """Launch linked PTX on this thread's CUDA device."""
+    """Launch linked PTX on this thread's CUDA device (:mod:`daskgpu._runtime.gpu`)."""
 
     simulated = False
     name = "gpu"
 
     def run(self, image, config, args, infos, function=None) -> None:
         """Launch ``image`` with ``config`` on ``args`` (their array infos ``infos``)."""
-        from daskgpu._runtime.launcher import run
+        from daskgpu._runtime.gpu.run import run
 
         run(image, config, args, infos)
 
     def repeat_launch(self, image, config, infos, args, images):
         """A function that repeats this launch on new device arguments, or None."""
-        from daskgpu._runtime.launcher import device_launch
+        from daskgpu._runtime.gpu.fast_path import device_launch
 
         return device_launch(image, config, infos, args, images)
 
     def random_states(self, seed, base, shape, strides, builder):
-        """The xoroshiro128+ states of one launch, built on the device by ``builder``."""
-        from daskgpu._runtime.random_states import build
+        """The xoroshiro128+ states of one launch, built on the device by ``builder``
+        (the shipped states kernel); on the host, as simulated, without one."""
+        if builder is None:
+            return SIMULATOR.random_states(seed, base, shape, strides, None)
+        from daskgpu._runtime.gpu.random_states import device_states
 
-        return build(seed, base, shape, strides, builder)
+        return device_states(seed, base, shape, strides, builder)
 
     def device_chain(self):
-        """A :class:`~daskgpu._runtime.staging.DeviceChain` that keeps a fused chain's
-        intermediates on the device, or None where launches cannot share one."""
-        from daskgpu._runtime.launcher import stager
-        from daskgpu._runtime.staging import DeviceChain
+        """A :class:`~daskgpu._runtime.gpu.copy_pipeline.DeviceChain` that keeps a fused
+        chain's intermediates on the device, or None where launches cannot share one."""
+        from daskgpu._runtime.gpu.copy_pipeline import DeviceChain
+        from daskgpu._runtime.gpu.host_staging import stager
 
         return DeviceChain(stager)
 
@@ -76,9 +79,9 @@ class SimulatorBackend:
         return None  # every simulated launch takes the general path
 
     def random_states(self, seed, base, shape, strides, builder):
-        from daskgpu._runtime.random_states import build
+        from daskgpu._runtime.simulator import host_random_states
 
-        return build(seed, base, shape, strides, None)  # on the host, by the jump table
+        return host_random_states(seed, base, shape, strides)  # on the host, by the jump table
 
     def device_chain(self):
         return None

@@ -1,50 +1,24 @@
-"""What a worker does when a launch fails: sticky CUDA errors, device exceptions.
+"""Exceptions raised by kernels on the device, rebuilt from the image's plain-data table.
 
-After an illegal address (and the other sticky errors in
-:data:`~daskgpu._runtime._cuda.STICKY_ERRORS`) every later CUDA call in the
-process fails. The task that hit it fails with the original error; the Dask
-worker process is then closed so that its nanny starts a fresh one, and later
-tasks (and retries, with ``retries=``) run on a working context. Outside a Dask
-worker the error is only raised.
+A ``debug=True`` kernel reports a raised exception through globals that the
+launch reads back; :func:`device_exception` turns the code it finds into the
+Python exception Numba would raise, from the exception table the client
+compiled into the image (:func:`exception_name` names the classes there).
+No Python function is needed on the worker, and nothing is imported to
+resolve a class.
+
+Sticky CUDA errors are not handled here: the runtime raises them as
+:class:`~daskgpu._errors.ContextLostError` and does nothing else; the Dask
+layer's :class:`~daskgpu.GPUWorkerPlugin` has a worker replaced after one.
 """
 
 from __future__ import annotations
 
 import builtins
-import logging
 import sys
 import weakref
 
 from daskgpu._errors import DeviceError
-
-logger = logging.getLogger("daskgpu")
-
-# Seconds the worker keeps running after the failure, so that the task's
-# error reaches the scheduler before the process goes.
-_GRACE = 0.5
-
-
-def replace_worker_process(error) -> bool:
-    """Have this process's Dask worker replaced by its nanny; False outside a worker."""
-    try:
-        from distributed import get_worker
-
-        worker = get_worker()
-    except (ImportError, ValueError):
-        return False
-    logger.error("daskgpu: %s; closing worker %s so its nanny restarts it", error, worker.address)
-    worker.loop.call_later(_GRACE, _close, worker)
-    return True
-
-
-def _close(worker):
-    import asyncio
-
-    # nanny=False: the nanny sees its worker process exit and starts a new one.
-    asyncio.ensure_future(
-        worker.close(nanny=False, executor_wait=False, reason="daskgpu: CUDA context lost")
-    )
-
 
 #: The builtin exception classes a kernel's exception table may name by bare
 #: name. Any other bare name (SystemExit, KeyboardInterrupt, ...) becomes a
@@ -61,7 +35,7 @@ EXCEPTION_CLASSES = frozenset({
 # the table gives them: a local launch raises the class itself even where it
 # cannot be found by name (a class defined inside a function). Weak, so that a
 # redefined class does not keep its predecessor alive.
-_COMPILED_CLASSES: "weakref.WeakValueDictionary[str, type]" = weakref.WeakValueDictionary()
+_COMPILED_CLASSES: weakref.WeakValueDictionary[str, type] = weakref.WeakValueDictionary()
 
 
 def exception_name(cls: type) -> str:
@@ -104,11 +78,12 @@ def device_exception(image, code: int, tid, ctaid) -> BaseException:
     class that cannot be resolved here (its module not imported in this
     process) becomes a :class:`DeviceError` naming it.
     """
-    for known, cls_name, args, loc in image.exceptions:
-        if known == code:
-            break
+    entry = next((e for e in image.exceptions if e[0] == code), None)
+    if entry is not None:
+        _, cls_name, args, loc = entry
     else:
-        cls_name, args, loc = "SystemError", (f"unknown error {code} in kernel {image.name!r}",), None
+        cls_name, args, loc = ("SystemError", (f"unknown error {code} in kernel {image.name!r}",),
+                               None)
     where = f"In function {loc[0]!r}, file {loc[1]}, line {loc[2]}, " if loc else ""
     prefix = f"{where}tid={list(tid)} ctaid={list(ctaid)}"
     cls = _resolve(cls_name)

@@ -21,7 +21,7 @@ from daskgpu._image.bundle import (
     read_bundle_bytes,
     signing_key,
 )
-from daskgpu._runtime.launch import PTXKernel
+from daskgpu._runtime.ptx_kernel import PTXKernel
 
 __all__ = ["BundleInfo", "load", "read", "save"]
 

@@ -5,6 +5,9 @@ Opt-in through ``dask.config`` key ``daskgpu.simulate``. Numba reads
 Dask worker has already happened, so this module drives the simulator's
 ``FakeCUDAKernel`` directly on the kernel's Python function instead.
 
+Simulated launches get their random states built on the host
+(:func:`host_random_states`).
+
 A simulated launch is held to the limits of a real device of the target
 compute capability (:func:`device_limits`): threads per block and per axis,
 blocks per grid axis, and shared memory per block, static and dynamic. What a
@@ -23,6 +26,8 @@ import numpy as np
 
 from daskgpu._errors import LaunchConfigError
 from daskgpu._image.array_info import Zeroed
+from daskgpu._image.launch_config import DeviceLimits, pad3, task_counts
+from daskgpu._image.random_states import host_states
 
 # The simulator keeps its kernel context in a module global and supports one
 # launch at a time per process.
@@ -33,7 +38,7 @@ _FORALL_BLOCK = 64
 
 
 # Shared memory per block that a kernel may use (the driver's opt-in maximum,
-# as the launcher checks it on a device), by compute capability; a cc not
+# as a GPU launch checks it on a device), by compute capability; a cc not
 # listed takes the entry of the nearest one below.
 _SHARED_PER_BLOCK = {
     (5, 0): 49152, (6, 0): 49152, (7, 0): 98304, (7, 2): 98304, (7, 5): 65536,
@@ -50,8 +55,6 @@ def device_limits(cc):
     >>> device_limits((9, 0)).max_shared_memory_per_block
     232448
     """
-    from daskgpu._runtime.device import DeviceLimits
-
     cc = tuple(cc)
     shared = _SHARED_PER_BLOCK[max((k for k in _SHARED_PER_BLOCK if k <= cc),
                                    default=(5, 0))]
@@ -61,8 +64,7 @@ def device_limits(cc):
 
 
 def _check(limits, grid, block, sharedmem, cc, name):
-    grid = tuple(grid) + (1,) * (3 - len(grid))
-    block = tuple(block) + (1,) * (3 - len(block))
+    grid, block = pad3(grid), pad3(block)
     try:
         limits.check(grid, block, sharedmem, limits.max_threads_per_block, name)
     except LaunchConfigError as exc:
@@ -100,8 +102,8 @@ def run_function(py_func, config, args, cc=None):
                 "the CUDA simulator runs on host arrays only; pass numpy arrays, or "
                 "turn simulation off (dask.config.set({'daskgpu.simulate': False})) on a GPU"
             )
-    if config.ntasks is not None:
-        ntasks = config.ntasks if isinstance(config.ntasks, tuple) else (config.ntasks,)
+    ntasks = task_counts(config)
+    if ntasks is not None:
         if 0 in ntasks:
             return  # forall over no tasks launches nothing, as in Numba
         tpb = config.tpb or _FORALL_BLOCK
@@ -116,7 +118,7 @@ def run_function(py_func, config, args, cc=None):
         _check(limits, (1,), (config.tpb,), config.sharedmem, cc, name)
     _check(limits, grid, block, config.sharedmem, cc, name)
     # The simulator, like Numba, copies only contiguous host arrays; the GPU
-    # launcher stages strided ones through contiguous copies, and so does this.
+    # launch stages strided ones through contiguous copies, and so does this.
     staged = [
         (a, np.ascontiguousarray(a)) if isinstance(a, np.ndarray)
         and not (a.flags.c_contiguous or a.flags.f_contiguous) else (a, a)
@@ -141,9 +143,9 @@ def _shared_limit(limits, cc, dynamic, name):
     import sys
     import traceback
 
+    from numba import types
     from numba.cuda.simulator.kernelapi import FakeCUDAShared
     from numba.np import numpy_support
-    from numba import types
 
     original = FakeCUDAShared.array
 
@@ -175,6 +177,28 @@ def _shared_limit(limits, cc, dynamic, name):
         yield
     finally:
         FakeCUDAShared.array = original
+
+
+def host_random_states(seed: int, base: int, shape: tuple, strides: tuple):
+    """The random states of a simulated launch of ``shape``, on the host by the jump table.
+
+    Element ``i`` gets state ``base + i . strides``, as on a GPU.
+
+    Examples
+    --------
+    >>> host_random_states(7, 10, (2, 3), (100, 1)).shape
+    (6,)
+    """
+    return host_states(seed, _indices(base, shape, strides))
+
+
+def _indices(base, shape, strides):
+    """Global state indices of a launch of ``shape`` (row-major), as uint64."""
+    g = np.full(shape, np.uint64(base), dtype=np.uint64)
+    for axis, (n, st) in enumerate(zip(shape, strides)):
+        step = np.arange(n, dtype=np.uint64) * np.uint64(st)
+        g += step.reshape((n,) + (1,) * (len(shape) - axis - 1))
+    return g.ravel()
 
 
 def _fresh(arg: Zeroed):

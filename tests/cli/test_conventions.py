@@ -84,7 +84,7 @@ def test_bench_without_a_gpu_says_so_in_one_line_and_exits_2():
 
 
 def test_bench_without_cupy_says_so_in_one_line(monkeypatch, capsys):
-    import daskgpu._runtime._cuda as _cuda
+    import daskgpu._runtime.gpu.driver as _cuda
 
     monkeypatch.setattr(_cuda, "device_count", lambda: (1, ""))
     monkeypatch.setitem(sys.modules, "cupy", None)  # find_spec then raises, as if absent

@@ -116,7 +116,8 @@ class _Foreign:
 
 
 def test_the_producer_stream_of_the_array_interface_is_honoured():
-    from daskgpu._runtime.launcher import _DEFAULT_STREAM, sync_producer_stream
+    from daskgpu._runtime.gpu.driver import DEFAULT_STREAM as _DEFAULT_STREAM
+    from daskgpu._runtime.gpu.run import sync_producer_stream
 
     s = cuda.stream()
     a = cuda.device_array(10, stream=s)

@@ -7,7 +7,7 @@ import pytest
 from numba import cuda
 
 import daskgpu as dg
-from daskgpu._runtime.launch import select_image
+from daskgpu._runtime.dispatch import select_image
 
 
 def store(out, x):

@@ -15,7 +15,7 @@ from numba.cuda.random import (init_xoroshiro128p_states_cpu, xoroshiro128p_dtyp
 import daskgpu as dg
 from daskgpu._image.argspec import ArgSpec, dtype_code, dtype_of, mismatch
 from daskgpu._image.array_info import ArrayInfo
-from daskgpu._runtime.marshal import ParamLayout, flatten, param_codes
+from daskgpu._runtime.gpu.marshal import ParamLayout, flatten, param_codes
 
 dg._config.get("target-cc")  # register daskgpu's defaults before dask.config.set
 

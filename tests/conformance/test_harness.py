@@ -14,7 +14,7 @@ from numba import cuda
 sys.path.insert(0, os.path.dirname(__file__))
 import daskgpu_conformance as harness  # noqa: E402
 
-from daskgpu._runtime.launch import PTXKernel  # noqa: E402
+from daskgpu._runtime.ptx_kernel import PTXKernel  # noqa: E402
 
 
 def axpy(out, a, x, t):

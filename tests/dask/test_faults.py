@@ -1,4 +1,10 @@
-"""Faults during a map_kernel job: a worker process dies, the result is still whole."""
+"""Faults on a cluster: a worker process dies mid-job, or a task loses its CUDA context.
+
+Either way the job's result is whole: the nanny starts a fresh worker process,
+and the scheduler reruns what was lost. A task that loses the CUDA context
+fails with the runtime's ContextLostError, and the worker plugin has its
+worker replaced.
+"""
 
 import math
 import threading
@@ -101,3 +107,78 @@ def test_gpu_worker_killed_mid_job_result_is_complete():
         result = result_after_killing_a_worker(
             client, client.compute(out), holding=out.name, timeout=120)
     np.testing.assert_array_equal(result, 2 * np.arange(n, dtype=np.float32))
+
+
+def test_a_task_that_loses_the_cuda_context_fails_and_its_worker_is_replaced():
+    # The runtime raises ContextLostError after a sticky CUDA error, and that is
+    # all it does; the GPUWorkerPlugin closes the worker and its nanny starts a
+    # fresh process. Simulated here by a task that raises what the runtime raises.
+    from distributed import Client
+
+    def lose_the_context():
+        from daskgpu._errors import ContextLostError
+
+        raise ContextLostError(700, "launching kernel 'k' failed: CUDA_ERROR_ILLEGAL_ADDRESS: "
+                                    "an illegal memory access was encountered.")
+
+    def fail_otherwise():
+        raise ValueError("an ordinary failure")
+
+    with dg.LocalGPUCluster(simulate=True, dashboard_address=None) as cluster, \
+            Client(cluster) as client:
+        lost, other = sorted(client.scheduler_info()["workers"])
+        with pytest.raises(Exception, match="ILLEGAL_ADDRESS"):
+            client.submit(lose_the_context, workers=[lost], pure=False).result(timeout=60)
+        with pytest.raises(ValueError, match="an ordinary failure"):
+            client.submit(fail_otherwise, workers=[other], pure=False).result(timeout=60)
+        deadline = time.time() + 90
+        while time.time() < deadline:
+            now = set(client.scheduler_info()["workers"])
+            if lost not in now and len(now) == 2:
+                break
+            time.sleep(0.2)
+        else:
+            pytest.fail(f"worker {lost} was not replaced: now {now}")
+        assert other in now  # an ordinary failure leaves its worker alone
+        again = client.submit(lambda: 1, pure=False)
+        assert again.result(timeout=60) == 1
+
+
+@dg.jit("void(float32[::1])")
+def wild_store(a):
+    i = cuda.grid(1)
+    if i == 0:
+        a[i + (1 << 40)] = 1.0  # far past the array: an illegal address
+
+
+@dg.jit("void(float32[::1])")
+def ones(a):
+    i = cuda.grid(1)
+    if i < a.size:
+        a[i] = 1.0
+
+
+@pytest.mark.gpu
+def test_illegal_address_fails_the_task_and_the_worker_is_replaced():
+    from distributed import Client
+
+    with dg.LocalGPUCluster(simulate=False, dashboard_address=None) as cluster, \
+            Client(cluster) as client:
+        before = set(client.scheduler_info()["workers"])
+        good = client.submit(ones.forall(64), np.zeros(64, np.float32))
+        assert (good.result() == 1).all()
+        bad = client.submit(wild_store[1, 1], np.zeros(64, np.float32))
+        with pytest.raises(Exception, match="ILLEGAL_ADDRESS"):
+            bad.result()
+        # The earlier result is untouched, and a new worker process takes over.
+        assert (good.result() == 1).all()
+        deadline = time.time() + 90
+        while time.time() < deadline:
+            now = set(client.scheduler_info()["workers"])
+            if now and not now & before:
+                break
+            time.sleep(0.5)
+        else:
+            pytest.fail(f"worker was not replaced: before {before}, now {now}")
+        again = client.submit(ones.forall(64), np.zeros(64, np.float32), pure=False)
+        assert (again.result(timeout=60) == 1).all()

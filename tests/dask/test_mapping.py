@@ -339,6 +339,13 @@ def test_written_input_comes_after_outputs(simulate):
 
 # -- graph, names, compilation ------------------------------------------------
 
+def _shipped_kernel(arr) -> dg.PTXKernel:
+    """The kernel of ``arr``'s launch tasks: a key of the graph of its own."""
+    (kernel,) = [getattr(task, "value", None) for task in dict(arr.__dask_graph__()).values()
+                 if isinstance(getattr(task, "value", None), dg.PTXKernel)]
+    return kernel
+
+
 def _task_function(arr) -> ChunkLaunch:
     """The chunk function of ``arr``'s launch tasks, read from its graph."""
     for task in dict(arr.__dask_graph__()).values():
@@ -369,10 +376,11 @@ def test_one_task_per_chunk_outputs_have_none_of_their_own(simulate):
     x = da.arange(20, chunks=5, dtype=np.float32)
     out = dg.map_kernel(saxpy, dg.Out(np.float32, like=x), np.float32(2.0), x, x)
     graph = dict(out.__dask_optimize__(out.__dask_graph__(), out.__dask_keys__()))
-    assert len(graph) == 2 * x.numblocks[0]  # the input's arange tasks and the launches
+    # The input's arange tasks, the launches, and the kernel's one key.
+    assert len(graph) == 2 * x.numblocks[0] + 1
     only_out = dg.map_kernel(global_index, dg.Out(np.int64, shape=(20,), chunks=5), dg.offset)
     graph = dict(only_out.__dask_graph__())
-    assert len(graph) == 4
+    assert len(graph) == 4 + 1
     np.testing.assert_array_equal(only_out.compute(), np.arange(20))
 
 
@@ -388,16 +396,17 @@ def test_lazy_kernel_compiles_at_graph_build():
     # No GPU and no simulator needed to build the graph: only to run it.
     z = dg.map_kernel(double, dg.Out(np.int32, like=x), x)
     assert double.signatures == ["(int32[:, ::1], int16[:, ::1])"]
-    fn = _task_function(z)
-    assert isinstance(fn.kernel, dg.PTXKernel)
-    assert [im.py_func for im in fn.kernel.images] == [None]  # PTX only
+    shipped = _shipped_kernel(z)
+    assert [im.py_func for im in shipped.images] == [None]  # PTX only
     # Plain pickle cannot pickle this local function: the graph does not hold it.
     pickle.dumps(dict(z.__dask_graph__()))
-    assert pickle.loads(pickle.dumps(fn)).kernel.images == fn.kernel.images
+    assert pickle.loads(pickle.dumps(shipped)).images == shipped.images
+    # The launch tasks hold no PTX: the kernel travels once, as its own key.
+    assert b".entry" not in pickle.dumps(_task_function(z))
 
     with dask.config.set({"daskgpu.simulate": True, "scheduler": "sync"}):
         z = dg.map_kernel(double, dg.Out(np.int32, like=x), x)
-        assert _task_function(z).kernel.images[0].py_func is not None
+        assert _shipped_kernel(z).images[0].py_func is not None
         np.testing.assert_array_equal(z.compute(), np.full((4, 6), 2))
 
 

@@ -1,6 +1,7 @@
 """GPUWorkerPlugin and device_info, on daskgpu's cluster and on a plain distributed one."""
 
 import pickle
+import types
 
 import dask
 import pytest
@@ -8,6 +9,7 @@ from distributed import Client, LocalCluster
 
 import daskgpu as dg
 from daskgpu._dask.plugin import GPUWorkerPlugin
+from daskgpu._errors import ContextLostError
 
 FACTS = {"simulated", "device_id", "name", "cc", "total_memory", "uuid", "pci_bus_id",
          "driver_version", "nvjitlink_version", "cuda_visible_devices"}
@@ -44,6 +46,92 @@ def test_setup_records_facts_on_the_plugin():
     assert facts == plugin.info
     facts["name"] = "changed"  # a copy: the recorded facts stay as they are
     assert plugin.info["name"] == "Numba CUDA simulator"
+
+
+class _Task:
+    """What the plugin reads of a worker's failed task, kept as distributed keeps it:
+    pickled, or as ``Exception(repr(exc))`` when it does not unpickle."""
+
+    def __init__(self, exc):
+        from distributed.protocol import pickle as dpickle
+        from distributed.protocol.serialize import Serialize
+
+        try:
+            blob = dpickle.dumps(exc)
+            dpickle.loads(blob)
+        except Exception:
+            blob = dpickle.dumps(Exception(repr(exc)))
+        self.exception = Serialize(blob)
+        self.exception_text = repr(exc)
+
+
+class _Loop:
+    def __init__(self):
+        self.later = []
+
+    def call_later(self, delay, fn, *args):
+        self.later.append((delay, fn, args))
+
+
+def _set_up_on(tasks):
+    worker = types.SimpleNamespace(state=types.SimpleNamespace(tasks=tasks), loop=_Loop(),
+                                   address="tcp://127.0.0.1:1")
+    plugin = GPUWorkerPlugin()
+    with dask.config.set({"daskgpu.simulate": True}):
+        plugin.setup(worker)
+    return plugin, worker
+
+
+def _lost(picklable=False):
+    message = "launching kernel 'k' failed: CUDA_ERROR_ILLEGAL_ADDRESS."
+    return (_PicklableLost if picklable else ContextLostError)(700, message)
+
+
+class _PicklableLost(ContextLostError):
+    """A ContextLostError that unpickles (with its code and message)."""
+
+    def __reduce__(self):
+        return type(self), (self.code, str(self))
+
+
+@pytest.mark.parametrize("picklable", [True, False], ids=["pickled", "as-text"])
+def test_a_task_failing_with_a_lost_context_closes_the_worker_once(picklable):
+    from daskgpu._dask.plugin import _GRACE, _close
+
+    plugin, worker = _set_up_on({"a": _Task(_lost(picklable)), "b": _Task(_lost(picklable))})
+    plugin.transition("a", "executing", "memory")  # not an error: nothing
+    assert worker.loop.later == []
+    plugin.transition("a", "executing", "error")
+    assert worker.loop.later == [(_GRACE, _close, (worker,))]
+    assert _GRACE > 0  # the task's error reaches the scheduler first
+    plugin.transition("b", "executing", "error")  # closing already: once
+    assert len(worker.loop.later) == 1
+
+
+def test_a_lost_context_raised_from_counts_and_other_errors_do_not():
+    from daskgpu._dask.plugin import lost_context
+
+    try:
+        try:
+            raise _lost(picklable=True)
+        except Exception as exc:
+            raise RuntimeError("the task wrapped it") from exc
+    except RuntimeError as wrapped:
+        chained = wrapped
+    assert lost_context(_Task(chained))
+    for other in (ValueError("no"), dg.DeviceError("a CUDA error, not sticky"),
+                  RuntimeError("ContextLostError is only named here")):
+        assert not lost_context(_Task(other))
+    plugin, worker = _set_up_on({"c": _Task(ValueError("no"))})
+    plugin.transition("c", "executing", "error")
+    plugin.transition("gone", "executing", "error")  # a key the worker no longer has
+    assert worker.loop.later == []
+
+
+def test_the_worker_is_not_pickled_with_the_plugin():
+    plugin, _ = _set_up_on({})
+    back = pickle.loads(pickle.dumps(plugin))
+    assert back._worker is None and back.info == plugin.info
 
 
 @pytest.mark.nogpu
@@ -100,7 +188,8 @@ def test_register_on_a_gpu_worker_process():
         assert facts["name"] and facts["total_memory"] > 0
         assert len(facts["cc"]) == 2 and len(facts["driver_version"]) == 2
         [modules] = client.run(eval, "sorted(__import__('sys').modules)").values()
-        assert "daskgpu._runtime.launcher" in modules  # imported ahead of the first task
+        assert "daskgpu._runtime.gpu.run" in modules  # imported ahead of the first task
+        assert "daskgpu._runtime.gpu.fast_path" in modules
         assert "numba" not in modules
 
 

@@ -26,7 +26,7 @@ def _device_used():
 def test_ten_thousand_launches_and_two_thousand_tasks():
     from distributed import Client
 
-    from daskgpu._runtime.launcher import module_cache
+    from daskgpu._runtime.gpu.linked_kernel import module_cache
 
     x = np.ones(4096, np.float32)
     launch = add.forall(x.size)

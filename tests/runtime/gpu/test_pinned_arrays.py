@@ -9,7 +9,7 @@ import threading
 import numpy as np
 import pytest
 
-from daskgpu._runtime.pinned_arrays import PinnedArrays
+from daskgpu._runtime.gpu.pinned_arrays import PinnedArrays
 
 MiB = 1 << 20
 

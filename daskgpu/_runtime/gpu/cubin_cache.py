@@ -1,70 +1,47 @@
-"""Caches of linked kernels: in memory per (image hash, device), and on disk."""
+"""Caches of linked kernels: in memory per (image hash, device), and cubins on disk."""
 
 from __future__ import annotations
 
 import hashlib
 import os
-import threading
-from collections import OrderedDict
 
+from daskgpu._bounded import BoundedCache
 from daskgpu._files import atomic_write
 
 
-class ModuleCache:
+class ModuleCache(BoundedCache):
     """Linked kernels keyed by ``(image hash, device id)``, least recently used out.
+
+    A :class:`~daskgpu._bounded.BoundedCache` of at most ``maxsize`` entries
+    over all devices, where a hit also marks the entry recently used. The
+    entries are :class:`~daskgpu._runtime.gpu.linked_kernel.LinkedKernel`
+    objects; an evicted one stays loaded while a launch still holds it.
 
     Parameters
     ----------
     maxsize : int
-        How many linked kernels to keep over all devices.
+        How many linked kernels to keep over all devices
+        (``daskgpu.module-cache-size``).
     """
 
     def __init__(self, maxsize: int = 256):
-        if maxsize < 1:
-            raise ValueError(f"ModuleCache maxsize must be at least 1, got {maxsize}")
-        self.maxsize = maxsize
-        self._entries: OrderedDict = OrderedDict()
-        self._lock = threading.Lock()
-        self.links = 0  # how many times a miss linked, for tests and diagnostics
+        super().__init__(maxsize, "linked kernels")
 
-    def lookup(self, key):
-        """The entry for ``key``, or None; lock-free, since dict reads are atomic."""
-        entry = self._entries.get(key)
-        if entry is not None:
-            try:
-                self._entries.move_to_end(key)
-            except KeyError:  # evicted by another thread meanwhile: still valid
-                pass
-        return entry
+    @property
+    def links(self) -> int:
+        """How many times a miss linked, for tests and diagnostics."""
+        return self.made
 
     def get(self, key, build):
-        """The entry for ``key``, calling ``build()`` once on a miss."""
+        """The entry for ``key``, calling ``build()`` once on a miss.
+
+        Linking under the cache's lock keeps two threads from linking the same
+        kernel twice; links are rare and short.
+        """
         entry = self.lookup(key)
         if entry is not None:
             return entry
-        with self._lock:
-            entry = self._entries.get(key)
-            if entry is not None:
-                self._entries.move_to_end(key)
-                return entry
-            # Linking under the lock keeps two threads from linking the same
-            # kernel twice; links are rare and short.
-            entry = build()
-            self.links += 1
-            self._entries[key] = entry
-            while len(self._entries) > self.maxsize:
-                self._entries.popitem(last=False)
-            return entry
-
-    def __len__(self):
-        return len(self._entries)
-
-    def __contains__(self, key):
-        return key in self._entries
-
-    def clear(self):
-        with self._lock:
-            self._entries.clear()
+        return super().get(key, build)
 
 
 class DiskCache:

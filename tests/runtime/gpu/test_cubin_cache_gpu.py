@@ -8,7 +8,7 @@ import textwrap
 
 import pytest
 
-from daskgpu._cli.bench_kernels import saxpy
+from daskgpu._cli.bench.kernels import saxpy
 
 pytestmark = pytest.mark.gpu
 
@@ -21,10 +21,10 @@ def test_a_truncated_or_corrupt_entry_is_relinked_and_replaced(tmp_path):
         import pickle, sys, numpy as np, dask
         sys.modules["numba"] = None
         with dask.config.set({{"daskgpu.cache-dir": {str(cubins)!r}}}):
-            import daskgpu._runtime.launcher as launcher
+            import daskgpu._runtime.gpu.linked_kernel as linked_kernel
             calls = []
-            orig = launcher.link_cubin
-            launcher.link_cubin = lambda *a: calls.append(1) or orig(*a)
+            orig = linked_kernel.link_cubin
+            linked_kernel.link_cubin = lambda *a: calls.append(1) or orig(*a)
             launch = pickle.load(open({str(blob)!r}, "rb"))
             x = np.ones(16, np.float32)
             assert (launch(np.zeros_like(x), 1.0, x, x) == 2).all()

@@ -1,4 +1,11 @@
-"""Thin helpers over ``cuda.bindings.driver``: error checking and versions."""
+"""Thin helpers over ``cuda.bindings.driver``: error checking, versions, device count.
+
+A failed driver call becomes a :class:`~daskgpu.CUDAError`, and a sticky one
+(:data:`STICKY_ERRORS`) a :class:`~daskgpu._errors.ContextLostError`: the
+runtime raises it and goes no further. What a process does about a lost
+context is its host's decision (a Dask worker's plugin has the nanny start a
+fresh process).
+"""
 
 from __future__ import annotations
 
@@ -39,13 +46,20 @@ def cuda_error(code, what: str) -> CUDAError:
     return CUDAError(code, f"{what} failed: {name}: {text}.")
 
 
-_SUCCESS = driver.CUresult.CUDA_SUCCESS
+#: The result of a driver call that succeeded.
+SUCCESS = driver.CUresult.CUDA_SUCCESS
+
+#: The legacy default stream, made once.
+DEFAULT_STREAM = driver.CUstream(0)
+
+#: ``cuLaunchKernel``, looked up once: it is on every launch.
+launch_kernel = driver.cuLaunchKernel
 
 
 def check(result, what: str):
     """Unpack a ``cuda.bindings`` result tuple, raising :class:`CUDAError`."""
     err = result[0]
-    if err != _SUCCESS:
+    if err != SUCCESS:
         raise cuda_error(err, what)
     if len(result) == 1:
         return None
@@ -81,12 +95,12 @@ def device_count() -> tuple:
     """
     try:
         err, = driver.cuInit(0)
-        if err == _SUCCESS:
+        if err == SUCCESS:
             err, count = driver.cuDeviceGetCount()
     except Exception as exc:  # no libcuda: no driver installed
         text = str(exc).strip().splitlines()
         return 0, f"{type(exc).__name__}: {text[0] if text else ''}".strip()
-    if err != _SUCCESS:
+    if err != SUCCESS:
         name = driver.cuGetErrorName(err)[1]
         return 0, f"the CUDA driver reports {name.decode() if isinstance(name, bytes) else err}"
     if count == 0:

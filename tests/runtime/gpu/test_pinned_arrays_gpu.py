@@ -6,8 +6,8 @@ from numba import cuda
 
 import daskgpu as dg
 from daskgpu._image.array_info import Zeroed
-from daskgpu._runtime import launcher
-from daskgpu._runtime.pinned_arrays import (
+from daskgpu._runtime.gpu import host_staging
+from daskgpu._runtime.gpu.pinned_arrays import (
     PageLockedBuffer,
     PinnedArrays,
     is_page_locked,
@@ -31,7 +31,7 @@ def triple(out, x):
 
 
 def test_page_locked_buffer_is_locked_until_freed():
-    from daskgpu._runtime import device
+    from daskgpu._runtime.gpu import device
 
     device.current()
     buffer = PageLockedBuffer(4 << 20)
@@ -45,7 +45,7 @@ def test_page_locked_buffer_is_locked_until_freed():
 def test_large_fresh_output_is_page_locked_and_needs_no_copy_thread():
     x = values(N)
     triple.forall(N)(Zeroed(np.empty(N, np.float32)), x)  # warm: links, fills the pools
-    stager = launcher.stager()
+    stager = host_staging.stager()
     busy = stager.busy_seconds
     out = triple.forall(N)(Zeroed(np.empty(N, np.float32)), x)
     copied_in = stager.busy_seconds - busy
@@ -61,7 +61,7 @@ def test_large_fresh_output_is_page_locked_and_needs_no_copy_thread():
 
 def test_outputs_are_recycled_once_freed():
     x = np.ones(N, np.float32)
-    pool = launcher.pinned_outputs()
+    pool = host_staging.pinned_outputs()
     for _ in range(3):  # each result dies before the next launch
         triple.forall(N)(Zeroed(np.empty(N, np.float32)), x)
     made = pool.made
@@ -73,7 +73,7 @@ def test_outputs_are_recycled_once_freed():
 
 
 def test_a_full_pool_falls_back_to_pageable_outputs(monkeypatch):
-    monkeypatch.setattr(launcher, "pinned_outputs", lambda: PinnedArrays(0))
+    monkeypatch.setattr(host_staging, "pinned_outputs", lambda: PinnedArrays(0))
     x = np.ones(N, np.float32)
     given = np.empty(N, np.float32)
     out = triple.forall(N)(Zeroed(given), x)

@@ -59,7 +59,7 @@ def test_zeroed_output_starts_as_zeros_and_is_returned_bare(n):
 
 
 def test_pinned_pool_stays_bounded_over_many_launches():
-    from daskgpu._runtime.launcher import stager
+    from daskgpu._runtime.gpu.host_staging import stager
 
     x = np.ones((16 << 20) // 4, np.float32)
     out = np.empty_like(x)
@@ -92,7 +92,7 @@ def test_launches_from_threads_at_once_share_slots_safely():
     # other launch must wait for those before refilling a slot.
     from concurrent.futures import ThreadPoolExecutor
 
-    from daskgpu._cli.bench_kernels import add
+    from daskgpu._cli.bench.kernels import add
 
     n = (64 << 20) // 4 + 999
     xs = [np.random.default_rng(k).random(n, dtype=np.float32) for k in range(4)]
@@ -104,8 +104,8 @@ def test_launches_from_threads_at_once_share_slots_safely():
 
 
 def test_pinned_pool_hands_out_the_oldest_returned_slots_first():
-    from daskgpu._runtime import device
-    from daskgpu._runtime.staging import PinnedPool
+    from daskgpu._runtime.gpu import device
+    from daskgpu._runtime.gpu.copy_pipeline import PinnedPool
 
     device.current()
     pool = PinnedPool(1 << 20, 4 << 20)
@@ -123,9 +123,9 @@ def test_pinned_pool_hands_out_the_oldest_returned_slots_first():
 def test_device_chain_copies_each_host_array_once_and_frees_everything():
     from cuda.bindings import driver
 
-    from daskgpu._runtime import device
-    from daskgpu._runtime.launcher import stager
-    from daskgpu._runtime.staging import DeviceChain
+    from daskgpu._runtime.gpu import device
+    from daskgpu._runtime.gpu.copy_pipeline import DeviceChain
+    from daskgpu._runtime.gpu.host_staging import stager
 
     device.current()
     x = np.random.default_rng(4).random((64 << 20) // 4 + 7, dtype=np.float32)  # pipelined

@@ -17,7 +17,7 @@ from collections import deque
 import numpy as np
 from cuda.bindings import driver
 
-from daskgpu._runtime._cuda import check
+from daskgpu._runtime.gpu.driver import SUCCESS, check
 
 _MEMORY_TYPE = driver.CUpointer_attribute.CU_POINTER_ATTRIBUTE_MEMORY_TYPE
 _HOST = int(driver.CUmemorytype.CU_MEMORYTYPE_HOST)
@@ -28,7 +28,7 @@ def is_page_locked(array: np.ndarray) -> bool:
     start = array.ctypes.data
     for address in (start, start + array.nbytes - 1):
         err, kind = driver.cuPointerGetAttribute(_MEMORY_TYPE, address)
-        if err != driver.CUresult.CUDA_SUCCESS or int(kind) != _HOST:
+        if err != SUCCESS or int(kind) != _HOST:
             return False
     return True
 

@@ -1,4 +1,8 @@
-"""The device a launch runs on, and the limits it enforces."""
+"""The device a launch runs on: made current per thread, with its facts and limits.
+
+The limits themselves (:class:`~daskgpu._image.launch_config.DeviceLimits`) are
+plain values beside the launch configurations they check.
+"""
 
 from __future__ import annotations
 
@@ -10,42 +14,8 @@ from cuda.bindings import driver
 from cuda.core import Device
 
 from daskgpu import _config
-from daskgpu._errors import LaunchConfigError
-from daskgpu._runtime._cuda import check
-
-
-@dataclass(frozen=True)
-class DeviceLimits:
-    max_threads_per_block: int
-    max_block_dim: tuple
-    max_grid_dim: tuple
-    max_shared_memory_per_block: int
-
-    def check(self, griddim, blockdim, sharedmem, kernel_max_threads, name):
-        """Raise :class:`LaunchConfigError` for a configuration the device refuses."""
-        threads = blockdim[0] * blockdim[1] * blockdim[2]
-        limit = min(self.max_threads_per_block, kernel_max_threads)
-        problems = []
-        if threads > limit:
-            problems.append(
-                f"block {blockdim} has {threads} threads, but kernel {name!r} allows at "
-                f"most {limit} per block on this device"
-                + (" (limited by its register use)" if kernel_max_threads < self.max_threads_per_block else "")
-            )
-        if any(b > m for b, m in zip(blockdim, self.max_block_dim)):
-            problems.append(f"block {blockdim} exceeds the device's block limits {self.max_block_dim}")
-        if any(g > m for g, m in zip(griddim, self.max_grid_dim)):
-            problems.append(f"grid {griddim} exceeds the device's grid limits {self.max_grid_dim}")
-        if sharedmem > self.max_shared_memory_per_block:
-            problems.append(
-                f"dynamic shared memory of {sharedmem} bytes exceeds the device's "
-                f"{self.max_shared_memory_per_block} bytes per block"
-            )
-        if problems:
-            raise LaunchConfigError(
-                "; ".join(problems) + ". Choose a smaller configuration, or use "
-                "kernel.forall(n) to let daskgpu pick the block size."
-            )
+from daskgpu._image.launch_config import DeviceLimits
+from daskgpu._runtime.gpu.driver import check
 
 
 @dataclass(frozen=True)
@@ -58,20 +28,21 @@ class DeviceState:
     limits: DeviceLimits
 
 
-_thread = threading.local()
+#: This thread's :class:`DeviceState` (``state``) and stream (``stream``), once made.
+this_thread = threading.local()
 
 
 def current() -> DeviceState:
     """This thread's device, made current (cuda.core's current device is per thread)."""
-    state = getattr(_thread, "state", None)
+    state = getattr(this_thread, "state", None)
     if state is None:
         state = _state(Device().device_id)
         state.device.set_current()
-        _thread.state = state
+        this_thread.state = state
     return state
 
 
-@functools.cache
+@functools.cache  # keyed by device id: one entry per device of the process
 def _state(device_id: int) -> DeviceState:
     dev = Device(device_id)
     dev.set_current()
@@ -100,17 +71,23 @@ def _keep_freed_memory(device_id: int, nbytes: int) -> None:
     )
 
 
+def total_memory(state: DeviceState) -> int:
+    """The memory of ``state``'s device, in bytes."""
+    handle = check(driver.cuDeviceGet(state.id), "cuDeviceGet")
+    return int(check(driver.cuDeviceTotalMem(handle), "cuDeviceTotalMem"))
+
+
 def thread_stream():
     """A non-blocking stream of this thread's own, for launches that stage host arrays.
 
     Worker threads then copy and compute concurrently instead of queueing on
     the legacy default stream.
     """
-    stream = getattr(_thread, "stream", None)
+    stream = getattr(this_thread, "stream", None)
     if stream is None:
         current()
         stream = check(
             driver.cuStreamCreate(driver.CUstream_flags.CU_STREAM_NON_BLOCKING), "cuStreamCreate"
         )
-        _thread.stream = stream
+        this_thread.stream = stream
     return stream

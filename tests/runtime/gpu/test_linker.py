@@ -15,10 +15,10 @@ import pytest
 from numba import cuda
 
 import daskgpu as dg
-from daskgpu._runtime import linking
-from daskgpu._runtime._cuda import nvjitlink_version
 from daskgpu._image.ptx import max_ptx_isa, ptx_isa_version
-from daskgpu._runtime.linking import check_ptx_version, link_cubin
+from daskgpu._runtime.gpu import linker
+from daskgpu._runtime.gpu.driver import nvjitlink_version
+from daskgpu._runtime.gpu.linker import check_ptx_version, link_cubin
 
 needs_nvjitlink = pytest.mark.skipif(nvjitlink_version() is None, reason="needs nvJitLink")
 
@@ -46,7 +46,7 @@ def driver_12_9(monkeypatch):
     # No driver on CI machines: cuDriverGetVersion fails there. check_ptx_version
     # reads the driver's version only when nvJitLink refuses the PTX, and these
     # tests assert what then happens, so the driver's version is set here.
-    monkeypatch.setattr(linking, "driver_version", lambda: (12, 9))
+    monkeypatch.setattr(linker, "driver_version", lambda: (12, 9))
 
 
 def elf_sm(cubin: bytes) -> int:
@@ -82,8 +82,8 @@ def test_this_nvjitlink_reads_the_ptx_this_numba_emits():
 
 def _versions(monkeypatch, driver, njl):
     # Pure logic over two numbers: set what the driver and nvJitLink would report.
-    monkeypatch.setattr(linking, "driver_version", lambda: driver)
-    monkeypatch.setattr(linking, "nvjitlink_version", lambda: njl)
+    monkeypatch.setattr(linker, "driver_version", lambda: driver)
+    monkeypatch.setattr(linker, "nvjitlink_version", lambda: njl)
 
 
 PTX_88 = ".version 8.8\n.target sm_75\n"
@@ -120,7 +120,7 @@ def test_version_gate_needs_no_driver_when_nvjitlink_decides():
     check_ptx_version(IMAGE.ptx[0][1], IMAGE.name)
 
 
-# -- linking ----------------------------------------------------------------------------------------
+# -- linking -------------------------------------------------------------------------------------
 
 
 @needs_nvjitlink
@@ -147,7 +147,8 @@ def test_link_files_are_linked_in(driver_12_9, plus_one_ptx):
     assert elf_sm(cubin) == 80
     # Without the file, the extern function is unresolved: a LinkError with the log.
     unlinked = dataclasses.replace(linked, links=())
-    with pytest.raises(dg.LinkError, match=r"linking kernel '.*bump' for sm_80 failed.*(?s:.*)plus_one"):
+    with pytest.raises(dg.LinkError,
+                       match=r"linking kernel '.*bump' for sm_80 failed.*(?s:.*)plus_one"):
         link_cubin(unlinked, (8, 0))
 
 
@@ -185,9 +186,10 @@ def test_no_target_at_or_below_the_device(driver_12_9):
 
 def test_link_picks_the_highest_target_at_or_below(monkeypatch, driver_12_9):
     seen = []
-    real = linking.check_ptx_version
+    real = linker.check_ptx_version
     # Observe which PTX is chosen (the version check runs on it before linking).
-    monkeypatch.setattr(linking, "check_ptx_version", lambda ptx, name: seen.append(ptx) or real(ptx, name))
+    monkeypatch.setattr(linker, "check_ptx_version",
+                        lambda ptx, name: seen.append(ptx) or real(ptx, name))
     if nvjitlink_version() is None:
         pytest.skip("needs nvJitLink")
     link_cubin(IMAGE, (8, 9))

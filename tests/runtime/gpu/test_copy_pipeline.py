@@ -1,11 +1,11 @@
-"""The copy pipeline's bookkeeping, without a GPU (its transfers are in test_staging_gpu.py)."""
+"""The copy pipeline's bookkeeping, without a GPU (its transfers: test_copy_pipeline_gpu.py)."""
 
 import threading
 
 import numpy as np
 import pytest
 
-from daskgpu._runtime.staging import PinnedPool, Stager
+from daskgpu._runtime.gpu.copy_pipeline import PinnedPool, Stager
 
 
 def test_copy_threads_account_their_busy_time_from_several_threads():

@@ -27,9 +27,10 @@ import numpy as np
 from cuda.bindings import driver
 
 from daskgpu import _config
-from daskgpu._runtime import device as _device
-from daskgpu._runtime._cuda import check
-from daskgpu._runtime.pinned_arrays import is_page_locked
+from daskgpu._image.array_info import c_strides
+from daskgpu._runtime.gpu import device as _device
+from daskgpu._runtime.gpu.driver import check
+from daskgpu._runtime.gpu.pinned_arrays import is_page_locked
 
 
 class PinnedSlot:
@@ -225,14 +226,20 @@ class DeviceView:
     """A device allocation seen as an array through ``__cuda_array_interface__``.
 
     It does not own its memory: the :class:`DeviceChain` that made it frees
-    it, after the last launch queued on it.
+    it, after the last launch queued on it; or ``owner``, which the view keeps
+    alive (a :class:`~daskgpu._runtime.gpu.random_states.DeviceStates`
+    allocation, say), frees it once no view is left.
     """
 
-    __slots__ = ("ptr", "shape", "dtype", "strides", "__weakref__")
+    __slots__ = ("ptr", "shape", "dtype", "strides", "owner", "__weakref__")
 
-    def __init__(self, ptr: int, shape: tuple, dtype, order: str = "C"):
+    def __init__(self, ptr: int, shape: tuple, dtype, order: str = "C", owner=None):
         self.ptr, self.shape, self.dtype = int(ptr), tuple(shape), np.dtype(dtype)
-        self.strides = _strides(self.shape, self.dtype.itemsize, order)
+        itemsize = self.dtype.itemsize
+        # Fortran order: the C strides of the reversed shape, reversed.
+        self.strides = (c_strides(self.shape[::-1], itemsize)[::-1] if order == "F"
+                        else c_strides(self.shape, itemsize))
+        self.owner = owner
 
     @property
     def size(self) -> int:
@@ -244,7 +251,7 @@ class DeviceView:
 
     @property
     def __cuda_array_interface__(self) -> dict:
-        # No stream: the chain queues every use on the one stream that made it.
+        # No stream: the owner queues every use on the one stream that made it.
         return {"shape": self.shape, "typestr": self.dtype.str, "descr": self.dtype.descr,
                 "data": (self.ptr, False), "strides": self.strides, "version": 3,
                 "stream": None}
@@ -253,13 +260,9 @@ class DeviceView:
         return f"<DeviceView {self.dtype} {self.shape} at {self.ptr:#x}>"
 
 
-def _strides(shape, itemsize, order):
-    strides, step = [], itemsize
-    axes = range(len(shape)) if order == "F" else reversed(range(len(shape)))
-    for ax in axes:
-        strides.append(step)
-        step *= max(shape[ax], 1)
-    return tuple(strides) if order == "F" else tuple(reversed(strides))
+def memory_order(array) -> str:
+    """``"F"`` for an array contiguous in Fortran order only, else ``"C"``."""
+    return "F" if array.flags.f_contiguous and not array.flags.c_contiguous else "C"
 
 
 class DeviceChain:
@@ -278,7 +281,8 @@ class DeviceChain:
     """
 
     def __init__(self, pipeline):
-        # pipeline() gives the process's Stager, made on first use.
+        # pipeline() gives the process's Stager, made on first use
+        # (daskgpu._runtime.gpu.host_staging.stager).
         self.pipeline = pipeline
         _device.current()
         self.stream = _device.thread_stream()
@@ -297,8 +301,8 @@ class DeviceChain:
         known = self._copies.get(id(host))
         if known is not None:
             return known[1]
-        order = "F" if host.flags.f_contiguous and not host.flags.c_contiguous else "C"
-        view = DeviceView(self._allocate(host.nbytes), host.shape, host.dtype, order)
+        view = DeviceView(self._allocate(host.nbytes), host.shape, host.dtype,
+                          memory_order(host))
         if host.nbytes:
             if host.nbytes < self.min_pipelined or is_page_locked(host):
                 check(driver.cuMemcpyHtoDAsync(view.ptr, host.ctypes.data, host.nbytes,

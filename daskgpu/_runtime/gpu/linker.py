@@ -6,7 +6,7 @@ from cuda.core import Linker, LinkerOptions, ObjectCode
 
 from daskgpu._errors import LinkError, PTXVersionError
 from daskgpu._image.ptx import max_ptx_isa, ptx_isa_version
-from daskgpu._runtime._cuda import driver_version, nvjitlink_version
+from daskgpu._runtime.gpu.driver import driver_version, nvjitlink_version
 
 
 def check_ptx_version(ptx: str, name: str) -> None:

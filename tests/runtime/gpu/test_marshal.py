@@ -21,7 +21,7 @@ from numba.cuda.dispatcher import _Kernel
 import daskgpu as dg
 from daskgpu._compiler.signatures import to_argspec
 from daskgpu._image.argspec import SCALAR_DTYPES, ArgSpec
-from daskgpu._runtime.marshal import ParamLayout, flatten, param_codes
+from daskgpu._runtime.gpu.marshal import ParamLayout, flatten, param_codes
 
 CTX = cuda_target.target_context
 NUMBA_NAME = {"bool": "boolean"}
@@ -62,7 +62,8 @@ def test_one_argument_flattens_as_numba_does(spec):
 def test_array_members_are_numbas_in_numbas_order():
     for spec in ARRAY_SPECS:
         model = CTX.data_model_manager[numba_type(spec)]
-        assert model._fields == ("meminfo", "parent", "nitems", "itemsize", "data", "shape", "strides")
+        assert model._fields == ("meminfo", "parent", "nitems", "itemsize", "data", "shape",
+                                 "strides")
         # shape and strides are tuples of ndim int64s: 5 + 2*ndim parameters.
         assert len(CTX.get_arg_packer([numba_type(spec)]).argument_types) == 5 + 2 * spec.ndim
 
@@ -176,7 +177,8 @@ def test_scalar_bytes_match_numbas(dtype):
         for given in (value, np.dtype(dtype).type(value)):
             values = []
             flatten(spec, given, values)
-            assert packed_params(layout, values, sizes) == numba_scalar_bytes(numba_type(spec), value)
+            assert (packed_params(layout, values, sizes)
+                    == numba_scalar_bytes(numba_type(spec), value))
 
 
 def numba_array_params(typ, a: np.ndarray):
@@ -190,7 +192,8 @@ def numba_array_params(typ, a: np.ndarray):
         flat += list(v) if isinstance(v, tuple) else [v]
     llvm_types = CTX.get_arg_packer([typ]).argument_types
     assert len(flat) == len(llvm_types)
-    return [v.to_bytes(CTX.get_abi_sizeof(t), "little", signed=v < 0) for v, t in zip(flat, llvm_types)]
+    return [v.to_bytes(CTX.get_abi_sizeof(t), "little", signed=v < 0)
+            for v, t in zip(flat, llvm_types)]
 
 
 def _arrays():
@@ -215,7 +218,8 @@ def test_array_bytes_match_numbas_data_model(a):
 def test_mixed_arguments_pack_in_order():
     x = np.arange(12, dtype=np.float64).reshape(3, 4)
     specs = [ArgSpec("scalar", "int8"), ArgSpec("array", "float64", 2, "C"),
-             ArgSpec("scalar", "complex64"), ArgSpec("scalar", "bool"), ArgSpec("scalar", "float64")]
+             ArgSpec("scalar", "complex64"), ArgSpec("scalar", "bool"),
+             ArgSpec("scalar", "float64")]
     args = [-3, (x.ctypes.data, x.shape, x.strides, x.itemsize), 1.5 - 2j, True, 0.25]
     layout = ParamLayout(specs)
     values = []
@@ -245,7 +249,8 @@ def test_an_integer_out_of_range_wraps_as_numbas_ctypes_cast(dtype, value):
     flatten(spec, value, values)
     flatten(ArgSpec("scalar", "float32"), 0.5, values)
     got = packed_params(layout, values, layout_sizes(layout))
-    assert got == numba_scalar_bytes(numba_type(spec), value) + numba_scalar_bytes(types.float32, 0.5)
+    assert got == (numba_scalar_bytes(numba_type(spec), value)
+                   + numba_scalar_bytes(types.float32, 0.5))
 
 
 class _Colour(__import__("enum").Enum):

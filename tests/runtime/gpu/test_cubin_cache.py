@@ -6,13 +6,13 @@ import time
 
 import pytest
 
-from daskgpu._runtime.cache import DiskCache, ModuleCache
+from daskgpu._runtime.gpu.cubin_cache import DiskCache, ModuleCache
 
 # -- ModuleCache -------------------------------------------------------------------------------
 
 
 def test_maxsize_must_be_positive():
-    with pytest.raises(ValueError, match="maxsize must be at least 1, got 0"):
+    with pytest.raises(ValueError, match="maxsize of at least 1, got 0"):
         ModuleCache(0)
 
 
@@ -169,7 +169,8 @@ def test_failed_store_keeps_the_old_file_and_no_temporary(tmp_path):
     with pytest.raises(TypeError):
         cache.store("h", (9, 0), VERSIONS, object())
     assert cache.load("h", (9, 0), VERSIONS) == ELF + b"good"
-    assert [p.name for p in tmp_path.iterdir()] == [os.path.basename(cache.path("h", (9, 0), VERSIONS))]
+    assert [p.name for p in tmp_path.iterdir()] == [
+        os.path.basename(cache.path("h", (9, 0), VERSIONS))]
 
 
 def test_readers_never_see_half_a_cubin(tmp_path):
@@ -226,6 +227,6 @@ def test_a_damaged_entry_reads_as_missing_and_store_replaces_it(tmp_path, damage
     with open(path, "wb") as f:
         f.write(damage(whole))
     assert disk.load(*key) is None
-    disk.store(*key, CUBIN)  # what the launcher does after relinking
+    disk.store(*key, CUBIN)  # what linked() does after relinking
     assert disk.load(*key) == CUBIN
     assert [n for n in os.listdir(tmp_path) if n.endswith(".tmp")] == []

@@ -15,16 +15,17 @@ import pytest
 
 from daskgpu._image.argspec import ArgSpec
 from daskgpu._image.array_info import array_info
-from daskgpu._runtime.launcher import _device_info, _launch_failed
-from daskgpu._runtime.marshal import (
+from daskgpu._runtime.dispatch import conversion_cost
+from daskgpu._runtime.gpu.driver import SUCCESS
+from daskgpu._runtime.gpu.fast_path import (
     FastFactories,
-    ParamLayout,
+    device_array_info,
     fast_constants,
     fast_source,
     fast_struct,
-    flatten,
+    launch_failed,
 )
-from daskgpu._runtime._cuda import _SUCCESS
+from daskgpu._runtime.gpu.marshal import ParamLayout, flatten
 
 
 class CAIArray:
@@ -87,7 +88,7 @@ def fast_function(specs, writes=(), synced=None, images=(None,), exact=False):
         data, _, buf_address = layout.buffers()
         assert address == buf_address
         sent.append(((g0, g1, g2, b0, b1, b2, shm), data.tobytes()))
-        return (_SUCCESS,)
+        return (SUCCESS,)
 
     make = FastFactories().get(fast_source(specs, writes, exact))
     fast = make(
@@ -95,8 +96,9 @@ def fast_function(specs, writes=(), synced=None, images=(None,), exact=False):
         local=threading.local(), layout=layout, buffers=lambda: layout.buffers()[::2],
         pack_into=fast_struct(specs).pack_into, launch=launch, function=None, stream=0,
         g0=4, g1=1, g2=1, b0=256, b1=1, b2=1, shm=0, name="k", images=images, CUPY=CupyLike,
-        NUMBA=NumbaLike, device_info=_device_info,
-        sync_producer=synced.append if synced is not None else None, failed=_launch_failed, SUCCESS=_SUCCESS,
+        NUMBA=NumbaLike, device_info=device_array_info,
+        sync_producer=synced.append if synced is not None else None, failed=launch_failed,
+        SUCCESS=SUCCESS,
         **fast_constants(specs, exact))
     return fast, sent
 
@@ -207,8 +209,8 @@ def test_another_thread_on_another_device_goes_to_the_general_path():
         layout=layout, buffers=lambda: layout.buffers()[::2],
         pack_into=fast_struct(specs).pack_into, launch=None, function=None, stream=0,
         g0=1, g1=1, g2=1, b0=1, b1=1, b2=1, shm=0, name="k", images=(None,), CUPY=CupyLike,
-        NUMBA=NumbaLike, device_info=_device_info, sync_producer=None,
-        failed=_launch_failed, SUCCESS=_SUCCESS,
+        NUMBA=NumbaLike, device_info=device_array_info, sync_producer=None,
+        failed=launch_failed, SUCCESS=SUCCESS,
         **fast_constants(specs))
     assert fast((1,)) is NotImplemented
 
@@ -259,8 +261,6 @@ EXACT = [
 @pytest.mark.parametrize("dtype,value", EXACT, ids=str)
 def test_with_several_images_a_scalar_is_taken_only_when_it_needs_no_conversion(dtype, value):
     # Then select_image picks the first image, whichever others there are.
-    from daskgpu._runtime.launch import conversion_cost
-
     specs = [ArgSpec("scalar", dtype)]
     assert specs[0].matches(None, value)
     fast, sent = fast_function(specs, images=(None, None), exact=True)
