@@ -19,6 +19,7 @@ from distributed.security import Security
 from distributed.worker_memory import parse_memory_limit
 
 from daskgpu import _config
+from daskgpu._dask.placement import GPUPlacement
 from daskgpu._dask.plugin import GPUWorkerPlugin
 from daskgpu._errors import DeviceError
 
@@ -140,6 +141,9 @@ interface, silence_logs, memory_limit, asynchronous, loop, name, scheduler_kwarg
                 **(scheduler_kwargs or {}),
             },
         }
+        # Launches stay on the GPU workers whatever the graph's optimization drops.
+        plugins = scheduler["options"].setdefault("plugins", [])
+        scheduler["options"]["plugins"] = [*plugins, GPUPlacement()]
         self.devices = devices
         self.simulated = simulate
         self._gpu_specs = worker_specs(

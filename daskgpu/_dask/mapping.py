@@ -36,6 +36,7 @@ from daskgpu._dask.launch_plan import (
     select_image,
     shipped,
 )
+from daskgpu._dask.placement import GPU, ensure_placement
 from daskgpu._runtime import backend as backends
 
 __all__ = ["Out", "map_kernel", "offset"]
@@ -63,7 +64,12 @@ gpu_clusters = BoundedCache(64, "scheduler addresses with GPU workers")
 
 
 def _gpu_annotation():
-    """``dask.annotate(resources={"GPU": 1})`` when the current cluster offers GPUs."""
+    """``dask.annotate(resources={"GPU": 1})`` when the current cluster offers GPUs.
+
+    The annotation alone does not survive the scheduler's low-level fusion, so
+    such a cluster's scheduler also gets :class:`~daskgpu._dask.placement.GPUPlacement`,
+    which restricts every launch task as it arrives, whatever was optimized.
+    """
     import dask
 
     if "distributed" not in sys.modules:  # no client can be current
@@ -75,15 +81,15 @@ def _gpu_annotation():
         if client.asynchronous:  # its cached scheduler info lists no workers
             return nullcontext()
         address = client.scheduler.address
-        if address in gpu_clusters:
-            return dask.annotate(resources={"GPU": 1})
-        workers = workers_info(client)
+        if address not in gpu_clusters:
+            workers = workers_info(client)
+            if not any((w.get("resources") or {}).get(GPU) for w in workers.values()):
+                return nullcontext()
+            gpu_clusters.put(address, True)
+        ensure_placement(client)
     except Exception:  # no client, or it is gone: build the plain graph
         return nullcontext()
-    if any((w.get("resources") or {}).get("GPU") for w in workers.values()):
-        gpu_clusters.put(address, True)
-        return dask.annotate(resources={"GPU": 1})
-    return nullcontext()
+    return dask.annotate(resources={GPU: 1})
 
 
 # -- building the graph -------------------------------------------------------

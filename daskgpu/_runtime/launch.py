@@ -70,6 +70,8 @@ class Launch:
     """
 
     __slots__ = ("kernel", "config", "_fast")
+    #: Marks a GPU launch for the Dask layer's placement, which keeps it on GPU workers.
+    daskgpu_launch = True
 
     def __init__(self, kernel, config: LaunchConfig):
         self.kernel = kernel

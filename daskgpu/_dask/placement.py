@@ -1,0 +1,102 @@
+"""GPU placement that holds on any cluster: a scheduler plugin restricts launches to GPU workers.
+
+A ``resources={"GPU": 1}`` annotation on a graph layer does not survive every
+path to the scheduler: distributed materializes and optimizes graphs on the
+scheduler, with the scheduler's own config, and dask's low-level task fusion
+(``optimization.fuse.active``, on by default) turns the layers into one plain
+dict, dropping their annotations. Launches then land on plain CPU workers.
+
+:class:`GPUPlacement` instead looks at each task as the scheduler creates it,
+after every optimization: a task whose callable is (or, fused, contains) a
+daskgpu launch gets the resource restriction ``GPU=1`` while any worker of the
+cluster offers that resource. Task restrictions are the scheduler's own state,
+so no optimization setting on either side can drop them. The scheduler has
+daskgpu installed anyway: it unpickles the graph, launches included.
+
+:func:`ensure_placement` registers the plugin once per scheduler; the client
+side of ``map_kernel`` and ``run_batch`` calls it, as does
+:class:`~daskgpu.LocalGPUCluster`.
+"""
+
+from __future__ import annotations
+
+import threading
+
+from distributed.diagnostics.plugin import SchedulerPlugin
+
+from daskgpu._bounded import BoundedCache
+
+__all__ = ["GPU", "GPUPlacement", "ensure_placement", "is_launch", "runs_launch"]
+
+#: The resource a GPU worker offers, one per GPU.
+GPU = "GPU"
+
+#: Deep enough for a blockwise-fused task inside a low-level fused one.
+_MAX_DEPTH = 6
+
+
+def is_launch(func) -> bool:
+    """Whether ``func`` is a daskgpu launch: a callable that marks itself ``daskgpu_launch``."""
+    return getattr(type(func), "daskgpu_launch", False) is True
+
+
+def runs_launch(node, depth: int = 0) -> bool:
+    """Whether the task spec ``node`` runs a daskgpu launch, also inside fused subgraphs."""
+    if depth > _MAX_DEPTH:
+        return False
+    func = getattr(node, "func", None)
+    if func is not None:
+        if is_launch(func) or is_launch(getattr(func, "func", None)):  # functools.partial
+            return True
+        args = getattr(node, "args", ())
+        kwargs = getattr(node, "kwargs", None) or {}
+        return any(runs_launch(a, depth + 1) for a in (*args, *kwargs.values()))
+    if isinstance(node, dict):
+        return any(runs_launch(v, depth + 1) for v in node.values())
+    if isinstance(node, (tuple, list)):
+        return any(runs_launch(v, depth + 1) for v in node)
+    return False
+
+
+class GPUPlacement(SchedulerPlugin):
+    """Restrict every task that launches a kernel to workers offering the ``GPU`` resource.
+
+    While no worker offers ``GPU`` (a CPU cluster that simulates), tasks are
+    left alone: a restriction would make them wait for a GPU that never comes.
+
+    Examples
+    --------
+    >>> from distributed import Client
+    >>> client = Client(scheduler_address)  # doctest: +SKIP
+    >>> client.register_plugin(GPUPlacement())  # doctest: +SKIP
+    """
+
+    name = "daskgpu-gpu-placement"
+    idempotent = True
+
+    def update_graph(self, scheduler, *, tasks, **kwargs) -> None:
+        if not scheduler.resources.get(GPU):
+            return
+        for key in tasks:
+            ts = scheduler.tasks.get(key)
+            if ts is None or ts.run_spec is None or not runs_launch(ts.run_spec):
+                continue
+            restrictions = dict(ts.resource_restrictions or {})
+            restrictions[GPU] = max(restrictions.get(GPU, 0), 1)
+            ts.resource_restrictions = restrictions
+
+
+# Schedulers known to run the plugin, by address (client side).
+_registered = BoundedCache(64, "schedulers with GPU placement")
+_lock = threading.Lock()
+
+
+def ensure_placement(client) -> None:
+    """Register :class:`GPUPlacement` on ``client``'s scheduler, once per scheduler."""
+    address = client.scheduler.address
+    if address in _registered:
+        return
+    with _lock:
+        if address not in _registered:
+            client.register_plugin(GPUPlacement(), name=GPUPlacement.name)
+            _registered.put(address, True)

@@ -1,0 +1,145 @@
+"""Launches stay on GPU workers on a cluster started by hand, whatever either side optimizes.
+
+A ``dask scheduler`` process with its own (default) config, two simulated
+``daskgpu worker`` processes offering ``GPU=1`` and one plain ``dask worker``
+beside them: no ``map_kernel`` launch may run on the plain worker, though the
+scheduler's low-level fusion drops layer annotations.
+"""
+
+import os
+import pathlib
+import subprocess
+import sys
+import tempfile
+import time
+
+import dask
+import dask.array as da
+import numpy as np
+import pytest
+from distributed import Client, get_task_stream
+from distributed.diagnostics.plugin import SchedulerPlugin
+from numba import cuda
+
+import daskgpu as dg
+from daskgpu import _config
+from daskgpu._dask.placement import GPUPlacement, is_launch, runs_launch
+
+_config.register()
+
+
+@dg.jit("void(float32[::1], float32, float32[::1])")
+def scale(out, a, x):
+    i = cuda.grid(1)
+    if i < out.size:
+        out[i] = a * x[i]
+
+
+def _start(argv, env, log):
+    return subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT)
+
+
+def _wait_for(path: pathlib.Path, seconds: float):
+    end = time.monotonic() + seconds
+    while not path.exists():
+        if time.monotonic() > end:
+            raise TimeoutError(f"{path} did not appear within {seconds} s")
+        time.sleep(0.2)
+
+
+@pytest.fixture(scope="module")
+def mixed_cluster():
+    """A scheduler, two simulated GPU workers and one plain worker, each its own process."""
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = pathlib.Path(tmp)
+        scheduler_file = tmp / "scheduler.json"
+        env = dict(os.environ, DASK_DASKGPU__SIMULATE="1",
+                   DASK_DISTRIBUTED__WORKER__DAEMON="False")
+        env.pop("CUDA_VISIBLE_DEVICES", None)
+        log = open(tmp / "cluster.log", "wb")
+        procs = [_start([sys.executable, "-m", "distributed.cli.dask_scheduler",
+                         "--scheduler-file", str(scheduler_file), "--port", "0",
+                         "--dashboard-address", ":0", "--no-show"],
+                        {k: v for k, v in env.items() if k != "DASK_DASKGPU__SIMULATE"}, log)]
+        try:
+            _wait_for(scheduler_file, 60)
+            procs.append(_start([sys.executable, "-m", "daskgpu", "worker",
+                                 "--scheduler-file", str(scheduler_file), "--devices", "0,1",
+                                 "--nthreads", "1"], env, log))
+            procs.append(_start([sys.executable, "-m", "distributed.cli.dask_worker",
+                                 "--scheduler-file", str(scheduler_file), "--nthreads", "2",
+                                 "--name", "plain-cpu", "--no-dashboard"],
+                                {k: v for k, v in env.items()
+                                 if k != "DASK_DASKGPU__SIMULATE"}, log))
+            with dask.config.set({"daskgpu.simulate": True}), \
+                    Client(scheduler_file=str(scheduler_file), timeout="60s") as client:
+                client.wait_for_workers(3, timeout=120)
+                yield client
+        finally:
+            for p in reversed(procs):
+                p.terminate()
+            for p in reversed(procs):
+                try:
+                    p.wait(timeout=20)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+            log.close()
+
+
+def _plain_worker(client) -> str:
+    info = client.scheduler_info()["workers"]
+    (address,) = [a for a, w in info.items() if w["name"] == "plain-cpu"]
+    return address
+
+
+def _launch_tasks_run_on(client, collection) -> tuple:
+    """``collection``'s result, and {worker address: how many of its launching tasks ran there}.
+
+    The launching tasks are found in the graph as the scheduler optimizes it
+    (default settings): fused, a launch hides inside another layer's task.
+    """
+    graph = dict(collection.__dask_optimize__(collection.__dask_graph__(),
+                                              collection.__dask_keys__()))
+    launching = {key for key, task in graph.items() if runs_launch(task)}
+    assert launching, "no task of the graph launches"
+    with get_task_stream(client) as stream:
+        result = collection.compute()
+    counts = {}
+    for record in stream.data:
+        if record["key"] in launching:
+            counts[record["worker"]] = counts.get(record["worker"], 0) + 1
+    return result, counts, len(launching)
+
+
+def test_no_launch_runs_on_the_plain_worker_with_default_settings(mixed_cluster):
+    client = mixed_cluster
+    plain = _plain_worker(client)
+    x = da.arange(24 * 64, dtype=np.float32, chunks=64) + 1  # a CPU layer before the map
+    y = dg.map_kernel(scale, dg.Out(np.float32, like=x), 2.0, x)
+    total, counts, launching = _launch_tasks_run_on(client, (y * 1).sum())
+    assert float(total) == 2.0 * float(np.arange(1, 24 * 64 + 1).sum())
+    assert sum(counts.values()) == launching == 24, counts  # fused into the sum's chunks
+    assert counts.get(plain, 0) == 0, counts
+
+
+def test_every_launch_task_on_the_scheduler_is_restricted_to_gpus(mixed_cluster):
+    client = mixed_cluster
+    x = da.ones(8 * 32, dtype=np.float32, chunks=32)
+    y = dg.map_kernel(scale, dg.Out(np.float32, like=x), 3.0, x).persist()
+    try:
+        keys = [k for k in y.__dask_keys__()]
+        restrictions = client.run_on_scheduler(
+            # Tuple keys arrive as lists.
+            lambda dask_scheduler, keys: [dask_scheduler.tasks[tuple(k)].resource_restrictions
+                                          for k in keys], keys=keys)
+        assert restrictions == [{"GPU": 1}] * 8
+        assert (y.compute() == 3.0).all()
+    finally:
+        del y
+
+
+def test_launch_callables_mark_themselves():
+    launch = scale.forall(8)
+    assert is_launch(launch)
+    assert not is_launch(np.add)
+    assert isinstance(GPUPlacement(), SchedulerPlugin)
