@@ -201,26 +201,23 @@ class ChainLink:
         The one aligned output of a ``map_kernel`` without halos.
     launch : ChunkLaunch or Fused
         What each of its tasks runs.
-    kernels : list
-        The graph keys of its kernels, which lead each task's arguments.
     args : tuple
-        The tasks' other arguments, before the chunk's place.
+        The tasks' arguments, before the chunk's place.
     layout : str
         The output's layout, ``"C"`` or ``"F"``.
     """
 
-    __slots__ = ("_result", "launch", "kernels", "args", "layout", "__weakref__")
+    __slots__ = ("_result", "launch", "args", "layout", "__weakref__")
 
-    def __init__(self, result, launch, kernels, args, layout):
-        self.launch, self.kernels = launch, list(kernels)
-        self.args, self.layout = tuple(args), layout
+    def __init__(self, result, launch, args, layout):
+        self.launch, self.args, self.layout = launch, tuple(args), layout
         # The callback holds the link weakly too: an evicted link goes at once.
         link = weakref.ref(self)
 
         def release(_dead):
             alive = link()
             if alive is not None:
-                alive.launch = alive.kernels = alive.args = None
+                alive.launch = alive.args = None
 
         self._result = weakref.ref(result, release)
 
@@ -234,7 +231,7 @@ class ChainLink:
 chains = BoundedCache(256, "map_kernel results to fuse with")
 
 
-def fuse(fn, kernels, task_args, plan, arrays, blocks, block_chunks):
+def fuse(fn, task_args, plan, arrays, blocks, block_chunks):
     """Fuse the launches of earlier map_kernels whose outputs this one reads.
 
     An input qualifies when it is the very array an earlier ``map_kernel``
@@ -262,6 +259,5 @@ def fuse(fn, kernels, task_args, plan, arrays, blocks, block_chunks):
             pos += 1
     for pos, link in reversed(found):  # later slots first: earlier ones stay put
         fn = Fused(link.launch, fn, pos, len(link.args))
-        kernels = link.kernels + kernels
         task_args = task_args[:pos] + list(link.args) + task_args[pos + 1:]
-    return fn, kernels, task_args
+    return fn, task_args

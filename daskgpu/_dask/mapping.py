@@ -26,7 +26,7 @@ from daskgpu._config import flag
 from daskgpu._dask import reduction
 from daskgpu._dask.arguments import Out, check_extras, classify, mapped_rank, offset
 from daskgpu._dask.chunk_params import ChunkParam, ChunkPlaces, OutParam, PerChunkParam, is_cupy
-from daskgpu._dask.chunk_task import ChunkLaunch
+from daskgpu._dask.chunk_task import ChunkLaunch, run_chunk
 from daskgpu._dask.launch_plan import (
     ChainLink,
     chains,
@@ -337,16 +337,12 @@ def _build_graph(ship, plan, returns, arrays, aligned, out_chunks, *, rank, tpb,
     # output chunk would double the graph and the scheduler's work.
     block_chunks = broadcast_chunks(*(b.chunks for b in blocks))
     places = _places(block_chunks, out_chunks, halo, left)
-    image = ship.images[0]
-    fn = ChunkLaunch(ship.__name__, tuple(p.param for p in plan),
-                     tuple(r.index for r in returns), rank, tpb, base is not None,
-                     (image.hash, backends.for_image(image).name))
-    kernels = [kernel_key(ship)]
+    fn = ChunkLaunch(ship, tuple(p.param for p in plan), tuple(r.index for r in returns),
+                     rank, tpb, base is not None)
     task_args = [blocks[source] if isinstance(param, ChunkParam) else source
                  for param, source in plan if param.takes_value]
     if not any(halo) and flag("fuse-chains", True):
-        fn, kernels, task_args = fuse(fn, kernels, task_args, plan, arrays, blocks,
-                                      block_chunks)
+        fn, task_args = fuse(fn, task_args, plan, arrays, blocks, block_chunks)
 
     def meta_of(dtype, nd):
         if base is not None:
@@ -359,9 +355,9 @@ def _build_graph(ship, plan, returns, arrays, aligned, out_chunks, *, rank, tpb,
     with _gpu_annotation():
         if len(returns) == 1:
             meta = meta_of(returns[0].dtype, ndim + len(per_chunk[0] or ()))
-            results = [_launches(fn, kernels + task_args, places, name, meta, per_chunk[0])]
+            results = [_launches(fn, task_args, places, name, meta, per_chunk[0])]
         else:
-            launched = _launches(fn, kernels + task_args, places, name,
+            launched = _launches(fn, task_args, places, name,
                                  np.empty((0,) * ndim, dtype=object))
             results = [
                 launched.map_blocks(operator.getitem, i, name=f"{name}-out{i}",
@@ -373,41 +369,32 @@ def _build_graph(ship, plan, returns, arrays, aligned, out_chunks, *, rank, tpb,
         results = [trim_internal(r, *trim) for r in results]
     elif len(returns) == 1 and isinstance(plan[returns[0].index].param, OutParam):
         # A later map_kernel over this result may fuse its launches with these.
-        chains.put(results[0].name, ChainLink(results[0], fn, kernels, task_args,
+        chains.put(results[0].name, ChainLink(results[0], fn, task_args,
                                               plan[returns[0].index].param.layout))
     return results[0] if len(results) == 1 else tuple(results)
-
-
-def kernel_key(kernel):
-    """``kernel`` as a key of the graph of its own, named by its image's hash.
-
-    Every launch task takes it as an argument, so the kernel's PTX travels
-    once to each worker that runs a launch (and once to the scheduler), not
-    in every task: a task's size does not grow with the PTX.
-    """
-    import dask
-
-    image = kernel.images[0]
-    return dask.delayed(kernel, name=f"daskgpu-kernel-{kernel.__name__}-{image.hash[:32]}",
-                        traverse=False)
 
 
 def _launches(fn, task_args, places, name, meta, per_chunk=None):
     """The launch layer: ``fn`` per block on its arguments' blocks and its place.
 
-    Arrays broadcast right-aligned, as in ``da.map_blocks``; a per-chunk output
-    adds its axes after the mapped ones, one block of ``per_chunk`` per launch.
+    ``fn`` (the kernel's PTX and the parameters) is a key of the graph of its
+    own, ``<name>-launch``, which every task reads: it travels once to each
+    worker (and once to the scheduler), so a task is about as small as a
+    ``map_blocks`` task, whatever the PTX and the number of chunks. Arrays
+    broadcast right-aligned, as in ``da.map_blocks``; a per-chunk output adds
+    its axes after the mapped ones, one block of ``per_chunk`` per launch.
     """
+    import dask
     import dask.array as da
 
     ndim = len(places.chunks)
     mapped = tuple(range(ndim))[::-1]
-    pairs = []
+    pairs = [dask.delayed(fn, name=f"{name}-launch", traverse=False), None]
     for a in task_args:
         pairs += [a, tuple(range(a.ndim))[::-1] if isinstance(a, da.Array) else None]
     new = tuple(range(ndim, ndim + len(per_chunk or ())))
     return da.blockwise(
-        fn, mapped + new, *pairs, places, mapped, name=name, meta=meta,
+        run_chunk, mapped + new, *pairs, places, mapped, name=name, meta=meta,
         new_axes=dict(zip(new, per_chunk or ())),
         adjust_chunks=None if per_chunk is None else dict.fromkeys(mapped, 1),
         align_arrays=False, concatenate=True)

@@ -37,7 +37,7 @@ _MAX_DEPTH = 6
 
 def is_launch(func) -> bool:
     """Whether ``func`` is a daskgpu launch: a callable that marks itself ``daskgpu_launch``."""
-    return getattr(type(func), "daskgpu_launch", False) is True
+    return getattr(func, "daskgpu_launch", False) is True
 
 
 def runs_launch(node, depth: int = 0) -> bool:

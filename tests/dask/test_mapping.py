@@ -12,6 +12,7 @@ from numba import cuda
 
 import daskgpu as dg
 from daskgpu._dask.chunk_task import ChunkLaunch
+from daskgpu._dask.placement import runs_launch
 
 
 @pytest.fixture
@@ -339,21 +340,15 @@ def test_written_input_comes_after_outputs(simulate):
 
 # -- graph, names, compilation ------------------------------------------------
 
-def _shipped_kernel(arr) -> dg.PTXKernel:
-    """The kernel of ``arr``'s launch tasks: a key of the graph of its own."""
-    (kernel,) = [getattr(task, "value", None) for task in dict(arr.__dask_graph__()).values()
-                 if isinstance(getattr(task, "value", None), dg.PTXKernel)]
-    return kernel
-
-
 def _task_function(arr) -> ChunkLaunch:
-    """The chunk function of ``arr``'s launch tasks, read from its graph."""
-    for task in dict(arr.__dask_graph__()).values():
-        nodes = [getattr(node, "value", None) for node in getattr(task, "args", ())]
-        for value in (getattr(task, "func", None), *nodes):
-            if isinstance(value, ChunkLaunch):
-                return value
-    raise AssertionError("no map_kernel launch in the graph")
+    """The ChunkLaunch of ``arr``'s launch tasks: a key of the graph of its own."""
+    (launch,) = [task.value for task in dict(arr.__dask_graph__()).values()
+                 if isinstance(getattr(task, "value", None), ChunkLaunch)]
+    return launch
+
+
+def _launch_tasks(arr) -> list:
+    return [t for t in dict(arr.__dask_graph__()).values() if runs_launch(t)]
 
 
 def test_names_are_deterministic(simulate):
@@ -396,17 +391,19 @@ def test_lazy_kernel_compiles_at_graph_build():
     # No GPU and no simulator needed to build the graph: only to run it.
     z = dg.map_kernel(double, dg.Out(np.int32, like=x), x)
     assert double.signatures == ["(int32[:, ::1], int16[:, ::1])"]
-    shipped = _shipped_kernel(z)
-    assert [im.py_func for im in shipped.images] == [None]  # PTX only
+    fn = _task_function(z)
+    assert isinstance(fn.kernel, dg.PTXKernel)
+    assert [im.py_func for im in fn.kernel.images] == [None]  # PTX only
     # Plain pickle cannot pickle this local function: the graph does not hold it.
     pickle.dumps(dict(z.__dask_graph__()))
-    assert pickle.loads(pickle.dumps(shipped)).images == shipped.images
-    # The launch tasks hold no PTX: the kernel travels once, as its own key.
-    assert b".entry" not in pickle.dumps(_task_function(z))
+    assert pickle.loads(pickle.dumps(fn)).kernel.images == fn.kernel.images
+    # The launch tasks hold no PTX: it travels once, in the launch's own key.
+    assert len(_launch_tasks(z)) == 4
+    assert not any(b".entry" in pickle.dumps(t) for t in _launch_tasks(z))
 
     with dask.config.set({"daskgpu.simulate": True, "scheduler": "sync"}):
         z = dg.map_kernel(double, dg.Out(np.int32, like=x), x)
-        assert _shipped_kernel(z).images[0].py_func is not None
+        assert _task_function(z).kernel.images[0].py_func is not None
         np.testing.assert_array_equal(z.compute(), np.full((4, 6), 2))
 
 

@@ -17,7 +17,7 @@ import dask
 import dask.array as da
 import numpy as np
 import pytest
-from distributed import Client, get_task_stream
+from distributed import Client, get_task_stream, wait
 from distributed.diagnostics.plugin import SchedulerPlugin
 from numba import cuda
 
@@ -126,6 +126,7 @@ def test_every_launch_task_on_the_scheduler_is_restricted_to_gpus(mixed_cluster)
     client = mixed_cluster
     x = da.ones(8 * 32, dtype=np.float32, chunks=32)
     y = dg.map_kernel(scale, dg.Out(np.float32, like=x), 3.0, x).persist()
+    wait(y)  # persist returns before the graph reaches the scheduler
     try:
         keys = [k for k in y.__dask_keys__()]
         restrictions = client.run_on_scheduler(
