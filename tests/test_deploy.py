@@ -13,8 +13,8 @@ import textwrap
 import pytest
 import yaml
 
-from daskgpu._errors import UsageError
 from daskgpu._cli.main import build_parser
+from daskgpu._errors import UsageError
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 DEPLOY = REPO / "deploy"
@@ -170,6 +170,62 @@ def test_worker_image_has_the_worker_half_and_no_numba(dockerfile):
     assert re.search(r'"numba-cuda\[cu\$\{CUDA_MAJOR\}\]>=0\.30,<0\.31"', client)
 
 
+def _bounds(specifier):
+    """The lowest and highest versions a specifier set admits, None where unbounded."""
+    from packaging.version import Version
+
+    low = [Version(s.version) for s in specifier if s.operator in (">=", ">", "==", "~=")]
+    high = [Version(s.version) for s in specifier if s.operator in ("<", "<=", "==")]
+    return max(low, default=None), min(high, default=None)
+
+
+def _worker_requirements(dockerfile, cuda_major):
+    """What the worker stage's dependency RUN passes to ``pip install``, for ``cuda_major``."""
+    worker = _stages(dockerfile)["worker"]
+    (run,) = [value for instruction, value in dockerfile_instructions(worker)
+              if instruction == "RUN" and '"numpy' in value]
+    pip = "pip() { shift; printf '%s\\n' \"$@\"; }"  # prints what it would install
+    proc = subprocess.run(["bash", "-c", f"{pip}; CUDA_MAJOR={cuda_major}; {run}"],
+                          capture_output=True, text=True, check=True)
+    return proc.stdout.splitlines()
+
+
+@pytest.mark.parametrize("cuda_major", [12, 13])
+def test_worker_image_pins_lie_within_pyproject(dockerfile, cuda_major):
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    deps = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
+    image = {canonicalize_name(r.name): r
+             for r in map(Requirement, _worker_requirements(dockerfile, cuda_major))}
+    for dep in map(Requirement, deps):
+        name = canonicalize_name(dep.name)
+        if name in ("numba", "numba-cuda", "llvmlite"):
+            continue
+        low, high = _bounds(dep.specifier)
+        image_low, image_high = _bounds(image[name].specifier)
+        assert low is None or (image_low is not None and image_low >= low), (dep, image[name])
+        assert high is None or (image_high is not None and image_high <= high), (dep, image[name])
+    assert str(image["cuda-bindings"].specifier) in (f"<{cuda_major + 1},>={cuda_major}",
+                                                     "<13,>=12.8")
+
+
+def test_worker_image_accepts_every_driver_the_readme_names(dockerfile):
+    # The base image's NVIDIA_REQUIRE_CUDA would make the container toolkit refuse
+    # drivers older than the image's CUDA minor version (R575 for 12.9).
+    worker = _stages(dockerfile)["worker"]
+    assert re.search(r"^ENV NVIDIA_DISABLE_REQUIRE=1$", worker, re.MULTILINE)
+    for text in ((REPO / "README.md").read_text(), (DEPLOY / "README.md").read_text(),
+                 dockerfile):
+        assert "R525 or newer" in text or "(R525+)" in text
+
+
+def test_worker_image_serves_the_dashboard(dockerfile):
+    # compose and Kubernetes run the scheduler from the worker image, dashboard on 8787.
+    assert re.search(r'"bokeh>=3\.1"', _stages(dockerfile)["worker"])
+
+
 # -- compose ---------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def compose():
@@ -219,6 +275,17 @@ def test_sbatch_commands_are_valid_and_share_the_scheduler_file():
     assert scheduler and shlex.split(scheduler.group(1)) == [ns.scheduler_file]
 
 
+def test_sbatch_scheduler_listens_on_a_free_port():
+    # A fixed port makes two jobs on one node collide; the scheduler file carries the
+    # address. tests/deploy/test_slurm.py runs two such jobs at once.
+    text = (DEPLOY / "slurm" / "daskgpu.sbatch").read_text().replace("\\\n", " ")
+    (line,) = re.findall(r"^dask scheduler .*$", text, re.MULTILINE)
+    argv = shlex.split(line.rstrip("& "))
+    port = argv[argv.index("--port") + 1]
+    assert re.fullmatch(r"0|\$\{\w+:-0\}", port), port
+    assert "8786" not in text
+
+
 def test_sbatch_is_valid_bash():
     proc = subprocess.run(["bash", "-n", str(DEPLOY / "slurm" / "daskgpu.sbatch")],
                           capture_output=True, text=True)
@@ -262,6 +329,68 @@ def test_jobqueue_example_daskgpu_commands_are_valid(jobqueue_tree):
         elif isinstance(node, ast.Constant) and isinstance(node.value, str) \
                 and id(node) not in docstrings and node.value.startswith("daskgpu "):
             check_invocation(shlex.split(node.value), "jobqueue_example.py")
+
+
+def test_jobqueue_example_kernels_and_imports_are_at_module_level(jobqueue_tree):
+    # Simulated, a kernel travels with its Python function; one defined in a function
+    # holds `cuda` in a closure cell, which the simulator cannot swap for its own.
+    def jitted(node):
+        return isinstance(node, ast.FunctionDef) and any(
+            "dg.jit" in ast.unparse(d) for d in node.decorator_list)
+
+    assert any(jitted(node) for node in jobqueue_tree.body)
+    assert any(isinstance(node, ast.ImportFrom) and node.module == "numba"
+               and [a.name for a in node.names] == ["cuda"] for node in jobqueue_tree.body)
+    for function in (n for n in jobqueue_tree.body if isinstance(n, ast.FunctionDef)):
+        for node in ast.walk(function):
+            assert not jitted(node) or node is function, f"kernel {node.name} inside a function"
+            assert not (isinstance(node, ast.ImportFrom) and node.module == "numba")
+
+
+def test_jobqueue_example_waits_with_timeouts(jobqueue_tree):
+    waits = _calls(jobqueue_tree, "wait_for_workers") + _calls(jobqueue_tree, "result")
+    assert len(waits) >= 2
+    for call in waits:
+        assert "timeout" in {k.arg for k in call.keywords}, ast.unparse(call)
+
+
+@pytest.fixture
+def jobqueue_example():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("jobqueue_example",
+                                                  DEPLOY / "slurm" / "jobqueue_example.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_jobqueue_example_kernel_runs_simulated(jobqueue_example):
+    import dask.array as da
+    import numpy as np
+    from distributed import Client
+
+    import daskgpu as dg
+
+    with dg.LocalGPUCluster(simulate=True, processes=False, dashboard_address=":0") as cluster, \
+            Client(cluster, set_as_default=False) as client:
+        x = da.arange(1000, chunks=250, dtype=np.float32)
+        assert jobqueue_example.saxpy_sum(client, x, timeout=120) == 2 * 499_500 + 1000
+
+
+def test_jobqueue_example_gives_up_with_a_message_when_no_worker_comes(
+        jobqueue_example, monkeypatch, capsys):
+    from distributed import LocalCluster
+
+    class NoJobsStart(LocalCluster):  # jobs that never leave the queue
+        def scale(self, n=0, jobs=0, **kw):
+            pass
+
+    monkeypatch.setattr(jobqueue_example, "make_cluster", lambda queue: NoJobsStart(
+        n_workers=0, processes=False, dashboard_address=":0"))
+    assert jobqueue_example.main(["--start-timeout", "1"]) == 1
+    err = capsys.readouterr().err
+    assert "no worker joined in 1 s" in err and "squeue" in err
 
 
 def test_jobqueue_job_script():
@@ -308,7 +437,8 @@ def test_daskcluster_workers_get_a_gpu_each(daskcluster):
     (scheduler,) = daskcluster["spec"]["scheduler"]["spec"]["containers"]
     ports = {p["name"]: p["containerPort"] for p in scheduler["ports"]}
     assert ports["tcp-comm"] == 8786
-    service_targets = {p["targetPort"] for p in daskcluster["spec"]["scheduler"]["service"]["ports"]}
+    service = daskcluster["spec"]["scheduler"]["service"]
+    service_targets = {p["targetPort"] for p in service["ports"]}
     assert service_targets <= set(ports)
 
 

@@ -21,17 +21,10 @@ import os
 import sys
 
 from daskgpu._cli import bundle_commands
-from daskgpu._cli.common import (
-    USAGE_ERRORS,
-    Parser,
-    UsageError,
-    device_list,
-    positive_int,
-    resources,
-)
+from daskgpu._cli.common import USAGE_ERRORS, Parser, device_list, positive_int, resources
 from daskgpu._cli.info import print_info
 from daskgpu._cli.workers import nanny_options, run_workers
-from daskgpu._errors import DaskGPUError
+from daskgpu._errors import DaskGPUError, UsageError
 
 # Subcommands whose arguments belong to another module's own parser.
 _PASSTHROUGH = {"bench": "daskgpu._cli.bench", "batch": "daskgpu._cli.batch"}
@@ -60,7 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
     >>> build_parser().parse_args(["worker", "--nthreads", "zero"])
     Traceback (most recent call last):
     ...
-    daskgpu._cli.common.UsageError: argument --nthreads: expected a positive integer, got 'zero'
+    daskgpu._errors.UsageError: argument --nthreads: expected a positive integer, got 'zero'
     """
     parser = _RootParser(
         prog="daskgpu", description="Run Numba CUDA kernels on Dask GPU clusters.",
@@ -85,15 +78,18 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("worker", "start one Dask worker per local GPU",
                 "Start one Dask worker (a Nanny) per local GPU and join a scheduler. Each "
                 "worker sees only its GPU (CUDA_VISIBLE_DEVICES), offers the resource "
-                "GPU=1 and runs daskgpu's GPUWorkerPlugin. Needs a GPU; runs until "
-                "SIGINT or SIGTERM.")
+                "GPU=1 and runs daskgpu's GPUWorkerPlugin. Needs a GPU, except with the "
+                "dask config daskgpu.simulate on (DASK_DASKGPU__SIMULATE=1): then one "
+                "simulated worker per --devices entry, or one, runs kernels in Numba's "
+                "CUDA simulator. Runs until SIGINT or SIGTERM.")
     p.add_argument("scheduler", nargs="?", metavar="SCHEDULER",
                    help="scheduler address, e.g. tcp://scheduler:8786 (default: the "
                         "dask config 'scheduler-address', i.e. DASK_SCHEDULER_ADDRESS)")
-    p.add_argument("--scheduler-file", metavar="PATH", help="read the scheduler address from a file")
+    p.add_argument("--scheduler-file", metavar="PATH",
+                   help="read the scheduler address from a file")
     p.add_argument("--devices", type=device_list, metavar="LIST",
                    help="GPUs to serve, e.g. 0,1 or GPU-UUIDs (default: CUDA_VISIBLE_DEVICES, "
-                        "else every GPU the driver sees)")
+                        "else every GPU the driver sees; simulated: one)")
     p.add_argument("--nthreads", type=positive_int, default=1, metavar="N",
                    help="threads per worker (default 1)")
     p.add_argument("--resources", type=resources, default={}, metavar="SPEC",
@@ -205,12 +201,19 @@ def _check_worker(parser, ns):
 
 
 def _cmd_worker(ns) -> int:
+    from daskgpu import _config
+
+    simulate = _config.simulating()
     specs = nanny_options(
         ns.scheduler, scheduler_file=ns.scheduler_file, devices=ns.devices,
         nthreads=ns.nthreads, resources=ns.resources, name=ns.name,
         memory_limit=ns.memory_limit, local_directory=ns.local_directory,
         death_timeout=ns.death_timeout, dashboard_address=ns.dashboard_address,
+        simulate=simulate,
     )
+    if simulate:  # the one notice line of a simulated entry point
+        print(f"daskgpu worker: daskgpu.simulate is on; {len(specs)} simulated worker(s) "
+              "run kernels in Numba's CUDA simulator", file=sys.stderr)
     try:
         asyncio.run(run_workers(specs))
     except asyncio.TimeoutError:
@@ -234,7 +237,7 @@ def bench_unavailable():
     It needs a CUDA GPU and CuPy: its baselines are what users write with them.
     """
     from daskgpu._dask.cluster import short_reason
-    from daskgpu._runtime._cuda import device_count
+    from daskgpu._runtime.gpu.driver import device_count
 
     count, reason = device_count()
     if count == 0:

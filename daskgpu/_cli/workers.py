@@ -4,7 +4,9 @@
 command line's options into one Nanny spec per GPU (``CUDA_VISIBLE_DEVICES``
 pinned, the resource ``GPU=1``, :class:`~daskgpu.GPUWorkerPlugin`, host memory
 split between the GPUs), and :func:`run_workers` runs the nannies until they
-finish or SIGINT/SIGTERM. Nothing here imports numba.
+finish or SIGINT/SIGTERM. With the dask config ``daskgpu.simulate`` on, the
+workers run kernels in Numba's CUDA simulator and need no GPU: one per device
+named, or one. Nothing here imports numba.
 """
 
 from __future__ import annotations
@@ -14,13 +16,29 @@ import os
 import signal
 import sys
 
+from daskgpu import _config
 from daskgpu._cli import info as _info
-from daskgpu._errors import UsageError
-from daskgpu._errors import DaskGPUError
+from daskgpu._errors import DaskGPUError, UsageError
+
+#: The simulated workers ``daskgpu worker`` starts when no devices are named.
+SIMULATED_DEVICES = ("0",)
 
 
-def local_devices() -> list:
-    """The GPUs to serve by default: ``CUDA_VISIBLE_DEVICES``, else all the driver sees."""
+def local_devices(simulate: bool | None = None) -> list:
+    """The GPUs to serve by default: ``CUDA_VISIBLE_DEVICES``, else all the driver sees.
+
+    Simulated (``simulate``, default the ``daskgpu.simulate`` setting), one
+    device, :data:`SIMULATED_DEVICES`, whatever the machine has.
+
+    Examples
+    --------
+    >>> local_devices(simulate=True)
+    ['0']
+    """
+    if simulate is None:
+        simulate = _config.simulating()
+    if simulate:
+        return list(SIMULATED_DEVICES)
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     if visible is not None:
         devices = [d.strip() for d in visible.split(",") if d.strip()]
@@ -31,15 +49,15 @@ def local_devices() -> list:
             "no GPU to serve: "
             + (f"CUDA_VISIBLE_DEVICES={visible!r} names none" if visible is not None
                else "the CUDA driver sees no device")
-            + ". Pass --devices 0,1, or, without GPUs, run a simulated cluster: "
-            "dg.LocalGPUCluster(simulate=True)."
+            + ". Pass --devices 0,1, or, without GPUs, run simulated workers with the "
+            "dask config daskgpu.simulate on (DASK_DASKGPU__SIMULATE=1)."
         )
     return devices
 
 
 def nanny_options(scheduler=None, *, scheduler_file=None, devices=None, nthreads=1,
                  resources=None, name=None, memory_limit="auto", local_directory=None,
-                 death_timeout=None, dashboard_address=None) -> list:
+                 death_timeout=None, dashboard_address=None, simulate=None) -> list:
     """Keyword arguments of one ``distributed.Nanny`` per GPU, as ``daskgpu worker`` starts them.
 
     Each worker sees only its GPU (``CUDA_VISIBLE_DEVICES`` pinned), offers the
@@ -52,7 +70,8 @@ def nanny_options(scheduler=None, *, scheduler_file=None, devices=None, nthreads
     scheduler_file : str, optional
         Instead of ``scheduler``, a scheduler file.
     devices : list of str, optional
-        Device ordinals or UUIDs; default :func:`local_devices`.
+        Device ordinals or UUIDs; default :func:`local_devices`. Simulated,
+        only their number matters: one worker runs per device named.
     nthreads : int
     resources : dict, optional
         Extra resources; ``GPU`` defaults to 1.
@@ -60,6 +79,11 @@ def nanny_options(scheduler=None, *, scheduler_file=None, devices=None, nthreads
         As ``distributed.Nanny`` takes them; ``name`` gets ``-<device>`` with
         several devices, and ``memory_limit="auto"`` splits the host's memory
         evenly between the GPU workers.
+    simulate : bool, optional
+        Run kernels in Numba's CUDA simulator (no GPU needed); default the
+        dask config ``daskgpu.simulate``. Each worker gets the setting both
+        as ``DASK_DASKGPU__SIMULATE`` and in its dask config, and with no
+        ``devices``, one worker runs, pinned to no GPU.
 
     Returns
     -------
@@ -72,6 +96,9 @@ def nanny_options(scheduler=None, *, scheduler_file=None, devices=None, nthreads
     [{'CUDA_VISIBLE_DEVICES': '0'}, {'CUDA_VISIBLE_DEVICES': '1'}]
     >>> specs[0]["resources"]
     {'GPU': 1}
+    >>> (spec,) = nanny_options("tcp://10.0.0.1:8786", simulate=True)
+    >>> spec["env"], spec["config"]
+    ({'DASK_DASKGPU__SIMULATE': 'True'}, {'daskgpu.simulate': True})
     """
     if scheduler is None and scheduler_file is None:
         import dask.config
@@ -84,7 +111,10 @@ def nanny_options(scheduler=None, *, scheduler_file=None, devices=None, nthreads
             )
     if scheduler is not None and scheduler_file is not None:
         raise UsageError("give either a scheduler address or a scheduler file, not both")
-    devices = list(devices) if devices else local_devices()
+    if simulate is None:
+        simulate = _config.simulating()
+    pin = bool(devices) or not simulate  # simulated defaults are no real GPUs
+    devices = list(devices) if devices else local_devices(simulate)
     if memory_limit == "auto":
         # Host memory split between this machine's GPU workers, as dask-cuda does;
         # distributed's own "auto" would give each single-threaded worker one
@@ -101,7 +131,7 @@ def nanny_options(scheduler=None, *, scheduler_file=None, devices=None, nthreads
             "scheduler_file": scheduler_file,
             "nthreads": nthreads,
             "resources": {"GPU": 1, **(resources or {})},
-            "env": {"CUDA_VISIBLE_DEVICES": str(device)},
+            "env": {"CUDA_VISIBLE_DEVICES": str(device)} if pin else {},
             "plugins": {GPUWorkerPlugin()},
             "name": name if name is None or len(devices) == 1 else f"{name}-{device}",
             "memory_limit": memory_limit,
@@ -110,6 +140,10 @@ def nanny_options(scheduler=None, *, scheduler_file=None, devices=None, nthreads
         }
         if dashboard_address is not None:
             spec["dashboard_address"] = dashboard_address
+        if simulate:
+            # Both: a worker reads dask's config, a bare process the variable.
+            spec["env"]["DASK_DASKGPU__SIMULATE"] = "True"
+            spec["config"] = {"daskgpu.simulate": True}
         specs.append(spec)
     return specs
 

@@ -1,0 +1,162 @@
+"""``daskgpu worker`` without a GPU: with ``daskgpu.simulate`` on it starts simulated workers."""
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import time
+
+import dask
+import numpy as np
+import pytest
+from numba import cuda
+
+import daskgpu as dg
+from daskgpu import _config
+from daskgpu._cli import info as _info
+from daskgpu._cli import main as cli
+from daskgpu._cli.main import main
+from daskgpu._cli.workers import local_devices, nanny_options
+
+_config.register()  # before dask.config.set, so the defaults outlive its blocks
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+NO_DRIVER = {"version": None, "error": "DynamicLibNotFoundError: no libcuda", "devices": []}
+
+
+# At module level: simulated, the kernel travels with its Python function.
+@dg.jit("void(float32[::1], float32, float32[::1], float32[::1])")
+def saxpy(out, a, x, y):
+    i = cuda.grid(1)
+    if i < out.size:
+        out[i] = a * x[i] + y[i]
+
+
+@pytest.fixture
+def no_gpu(monkeypatch):
+    """A machine without a GPU or CUDA_VISIBLE_DEVICES."""
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setattr(_info, "driver_facts", lambda: json.loads(json.dumps(NO_DRIVER)))
+
+
+@pytest.fixture
+def captured_specs(monkeypatch):
+    """The nanny specs ``daskgpu worker`` would run, instead of running them."""
+    runs = []
+
+    async def run_workers(specs, stop=None):
+        runs.append(specs)
+
+    monkeypatch.setattr(cli, "run_workers", run_workers)
+    return runs
+
+
+def test_simulated_worker_without_a_gpu_is_one_nanny_with_the_setting(
+        no_gpu, captured_specs, capsys):
+    with dask.config.set({"daskgpu.simulate": True}):
+        assert main(["worker", "tcp://scheduler:8786"]) == 0
+    (specs,) = captured_specs
+    (spec,) = specs
+    # The setting reaches the worker both ways: its dask config and its environment.
+    assert spec["config"] == {"daskgpu.simulate": True}
+    assert spec["env"] == {"DASK_DASKGPU__SIMULATE": "True"}  # and no GPU pinned
+    assert spec["resources"] == {"GPU": 1}
+    assert spec["scheduler_ip"] == "tcp://scheduler:8786"
+    (plugin,) = spec["plugins"]
+    assert isinstance(plugin, dg.GPUWorkerPlugin)
+    err = capsys.readouterr().err
+    assert err == ("daskgpu worker: daskgpu.simulate is on; 1 simulated worker(s) run kernels "
+                   "in Numba's CUDA simulator\n")
+
+
+def test_simulated_workers_one_per_device_named(no_gpu, captured_specs):
+    with dask.config.set({"daskgpu.simulate": True}):
+        assert main(["worker", "tcp://s:8786", "--devices", "0,1,2", "--name", "sim"]) == 0
+    (specs,) = captured_specs
+    assert [s["name"] for s in specs] == ["sim-0", "sim-1", "sim-2"]
+    assert [s["env"] for s in specs] == [
+        {"CUDA_VISIBLE_DEVICES": d, "DASK_DASKGPU__SIMULATE": "True"} for d in "012"]
+    assert all(s["config"] == {"daskgpu.simulate": True} for s in specs)
+
+
+def test_simulated_default_is_one_worker_even_where_gpus_are_visible(monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
+    assert local_devices(simulate=True) == ["0"]
+    assert local_devices(simulate=False) == ["0", "1"]
+    (spec,) = nanny_options("tcp://s:8786", simulate=True)
+    assert "CUDA_VISIBLE_DEVICES" not in spec["env"]
+
+
+def test_without_simulate_and_without_a_gpu_the_error_names_the_setting(
+        no_gpu, captured_specs, capsys):
+    with dask.config.set({"daskgpu.simulate": False}):
+        assert main(["worker", "tcp://s:8786"]) == 1
+    assert captured_specs == []
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1  # one line
+    assert "no GPU to serve" in err and "daskgpu.simulate" in err and "--devices" in err
+
+
+def test_not_simulated_specs_carry_no_simulate_setting():
+    (spec,) = nanny_options("tcp://s:8786", devices=["3"], simulate=False)
+    assert spec["env"] == {"CUDA_VISIBLE_DEVICES": "3"} and "config" not in spec
+
+
+# -- the real thing: dask scheduler + daskgpu worker + a client, in separate processes --
+def _wait_for(path, proc, timeout=60):
+    deadline = time.monotonic() + timeout
+    while not (path.exists() and path.stat().st_size):
+        assert proc.poll() is None, f"{proc.args} exited with {proc.returncode}"
+        assert time.monotonic() < deadline, f"{path} not written in {timeout}s"
+        time.sleep(0.2)
+
+
+def test_hand_started_simulated_cluster_runs_map_kernel(tmp_path):
+    """``DASK_DASKGPU__SIMULATE=1 dask scheduler`` / ``daskgpu worker``, and a client.
+
+    The client sets ``daskgpu.simulate`` too: a client that does not ships PTX only,
+    which a simulated worker without a GPU cannot load.
+    """
+    import dask.array as da
+    from distributed import Client
+
+    env = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
+    env.update(DASK_DASKGPU__SIMULATE="1",
+               PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")])))
+    scheduler_file = tmp_path / "scheduler.json"
+    procs = []
+    try:
+        procs.append(subprocess.Popen(
+            [sys.executable, "-m", "dask", "scheduler", "--port", "0", "--dashboard-address",
+             ":0", "--scheduler-file", str(scheduler_file)],
+            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        _wait_for(scheduler_file, procs[0])
+        log = tmp_path / "worker.log"
+        with open(log, "wb") as out:
+            procs.append(subprocess.Popen(
+                [sys.executable, "-m", "daskgpu", "worker", "--scheduler-file",
+                 str(scheduler_file), "--dashboard-address", ":0",
+                 "--local-directory", str(tmp_path)],
+                env=env, stdout=out, stderr=subprocess.STDOUT))
+        with dask.config.set({"daskgpu.simulate": True}), \
+                Client(scheduler_file=str(scheduler_file), timeout="60s",
+                       set_as_default=False) as client:
+            client.wait_for_workers(1, timeout=90)
+            x = da.arange(256, chunks=64, dtype=np.float32)
+            out = dg.map_kernel(saxpy, dg.Out(np.float32, like=x), np.float32(2), x, x)
+            got = client.compute(out).result(timeout=90)
+            info = client.run(dg.device_info)
+        np.testing.assert_array_equal(got, 3 * np.arange(256, dtype=np.float32))
+        assert [i["simulated"] for i in info.values()] == [True]
+    finally:
+        for proc in reversed(procs):
+            proc.terminate()
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+    text = log.read_text()
+    assert "daskgpu.simulate is on; 1 simulated worker(s)" in text
+    assert "Traceback" not in text, text
