@@ -43,7 +43,7 @@ def test_public_names_in_dir_are_all():
 
 def test_unknown_attribute():
     with pytest.raises(AttributeError, match="module 'daskgpu' has no attribute 'nope'"):
-        daskgpu.nope
+        daskgpu.nope  # noqa: B018
 
 
 def test_version_matches_the_package_metadata():

@@ -18,7 +18,12 @@ from daskgpu._cli.common import Parser, as_kernel, import_module, resolve
 from daskgpu._dask.batch import local_client as _local_client
 from daskgpu._dask.batch import run_batch
 from daskgpu._errors import (
-    BatchError, BundleError, ConfigError, DaskGPUError, LaunchConfigError, UsageError,
+    BatchError,
+    BundleError,
+    ConfigError,
+    DaskGPUError,
+    LaunchConfigError,
+    UsageError,
 )
 
 __all__ = ["build_parser", "load_kernel", "main"]

@@ -14,7 +14,6 @@ import sys
 
 from daskgpu._errors import BundleError, ConfigError, LaunchConfigError, UsageError
 
-
 #: What a command line asked for that cannot run as given: exit status 2.
 USAGE_ERRORS = (UsageError, BundleError, ConfigError, LaunchConfigError)
 

@@ -31,7 +31,8 @@ def print_info(as_json: bool = False) -> int:
     else:
         print(f"CUDA driver   {_v(drv['version'])} (reads PTX ISA up to {_v(drv['max_ptx_isa'])})")
     if njl["version"] is None:
-        print("nvJitLink     not installed (the driver links PTX; pip install nvidia-nvjitlink-cu12)")
+        print("nvJitLink     not installed "
+              "(the driver links PTX; pip install nvidia-nvjitlink-cu12)")
     else:
         print(f"nvJitLink     {_v(njl['version'])} (reads PTX ISA up to {_v(njl['max_ptx_isa'])})")
     if facts["max_ptx_isa"] is not None:
@@ -90,8 +91,10 @@ def driver_facts() -> dict:
         _, dev = driver.cuDeviceGet(i)
         _, name = driver.cuDeviceGetName(256, dev)
         attr = driver.CUdevice_attribute
-        _, major = driver.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev)
-        _, minor = driver.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev)
+        _, major = driver.cuDeviceGetAttribute(
+            attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev)
+        _, minor = driver.cuDeviceGetAttribute(
+            attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev)
         _, memory = driver.cuDeviceTotalMem(dev)
         _, uuid = driver.cuDeviceGetUuid(dev)
         devices.append({

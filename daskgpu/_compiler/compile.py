@@ -69,7 +69,8 @@ class CompileOptions:
         object.__setattr__(self, "shared_memory_carveout",
                            _carveout(self.shared_memory_carveout))
         if self.inline not in ("never", "always") and not callable(self.inline):
-            raise CompileError(f"inline must be 'never', 'always' or a function, got {self.inline!r}")
+            raise CompileError(
+                f"inline must be 'never', 'always' or a function, got {self.inline!r}")
         if not self.targets:
             object.__setattr__(self, "targets", (parse_cc(_config.get("target-cc")),))
         object.__setattr__(
@@ -167,7 +168,7 @@ def _versions(ptx: str) -> tuple:
     return (
         ("numba-cuda", numba_cuda.__version__),
         ("nvvm", build.group(1) if build else "unknown"),
-        ("ptx-isa", "%d.%d" % isa if isa else "unknown"),
+        ("ptx-isa", f"{isa[0]}.{isa[1]}" if isa else "unknown"),
     )
 
 

@@ -93,7 +93,7 @@ class Kernel(LaunchAPI):
                 self._images[argtypes] = image
         return image
 
-    def specialize(self, *args) -> "Kernel":
+    def specialize(self, *args) -> Kernel:
         """A kernel compiled for exactly the types of ``args``, as Numba's ``specialize``.
 
         Examples

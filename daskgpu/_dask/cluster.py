@@ -255,11 +255,11 @@ def check_options(threads_per_worker, worker_kwargs, *, processes=True) -> None:
     >>> check_options(1, {"n_workers": 2})
     Traceback (most recent call last):
     ...
-    TypeError: LocalGPUCluster takes no n_workers=; use devices=: one worker runs per GPU, e.g. devices=[0, 1] for two
+    TypeError: LocalGPUCluster takes no n_workers=; use devices=: one worker runs per GPU, ...
     >>> check_options(0, {})
     Traceback (most recent call last):
     ...
-    ValueError: LocalGPUCluster(threads_per_worker=0): a worker needs at least 1 thread; the default 1 keeps each GPU's launches in order
+    ValueError: LocalGPUCluster(threads_per_worker=0): a worker needs at least 1 thread; ...
     """
     if isinstance(threads_per_worker, bool) or not isinstance(threads_per_worker, int) \
             or threads_per_worker < 1:

@@ -144,7 +144,8 @@ class ArgSpec:
                      or has_layout(info.shape, info.strides, info.dtype.itemsize, self.layout))
             )
         if self.kind == "record":
-            return info is None and isinstance(value, np.void) and value.dtype == dtype_of(self.dtype)
+            return (info is None and isinstance(value, np.void)
+                    and value.dtype == dtype_of(self.dtype))
         if self.kind == "tuple":
             members = tuple_members(self.dtype)
             value = passed_value(value)

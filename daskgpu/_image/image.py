@@ -154,7 +154,7 @@ class KernelImage:
                 best = text
         return best
 
-    def with_py_func(self, py_func: bytes | None) -> "KernelImage":
+    def with_py_func(self, py_func: bytes | None) -> KernelImage:
         """This image carrying ``py_func`` (cloudpickled, for the simulator), or none."""
         fields = image_fields(self)
         fields["py_func"] = py_func
@@ -165,7 +165,8 @@ class KernelImage:
 
     def __repr__(self):
         targets = ", ".join(f"{a}.{b}" for a, b in self.targets)
-        return f"<KernelImage {self.name}{self.signature} targets=[{targets}] hash={self.hash[:12]}>"
+        return (f"<KernelImage {self.name}{self.signature} targets=[{targets}] "
+                f"hash={self.hash[:12]}>")
 
 
 def image_fields(image: KernelImage) -> dict:

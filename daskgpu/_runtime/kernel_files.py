@@ -109,8 +109,9 @@ def load(path, *, key=None) -> PTXKernel:
     The file is parsed as JSON only (nothing is unpickled or executed), after
     its size and nesting depth are checked; its integrity hash is checked, its
     HMAC too when a key is set, and every field is validated before the kernel
-    is rebuilt. The hash detects corruption; only the key detects tampering. Loading needs neither numba nor a GPU; the returned kernel
-    launches like a Numba kernel on any machine with a driver.
+    is rebuilt. The hash detects corruption; only the key detects tampering.
+    Loading needs neither numba nor a GPU; the returned kernel launches like a
+    Numba kernel on any machine with a driver.
 
     Parameters
     ----------

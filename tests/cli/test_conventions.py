@@ -121,6 +121,7 @@ def test_root_parser_documents_exit_statuses():
 
 def test_the_bench_extras_bring_cupy():
     import pathlib
+
     import tomllib
 
     pyproject = pathlib.Path(__file__).resolve().parents[2] / "pyproject.toml"

@@ -17,9 +17,9 @@ from numba import cuda
 import daskgpu as dg
 from daskgpu._cli import info as _info
 from daskgpu._cli import main as cli
-from daskgpu._errors import UsageError
 from daskgpu._cli.main import build_parser, main
 from daskgpu._cli.workers import nanny_options
+from daskgpu._errors import UsageError
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 

@@ -4,7 +4,6 @@ import pickle
 
 import numpy as np
 import pytest
-from numba import cuda
 
 import daskgpu as dg
 from daskgpu._runtime.dispatch import select_image

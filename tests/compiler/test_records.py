@@ -9,8 +9,11 @@ import ml_dtypes
 import numpy as np
 import pytest
 from numba import cuda
-from numba.cuda.random import (init_xoroshiro128p_states_cpu, xoroshiro128p_dtype,
-                               xoroshiro128p_uniform_float32)
+from numba.cuda.random import (
+    init_xoroshiro128p_states_cpu,
+    xoroshiro128p_dtype,
+    xoroshiro128p_uniform_float32,
+)
 
 import daskgpu as dg
 from daskgpu._image.argspec import ArgSpec, dtype_code, dtype_of, mismatch

@@ -6,8 +6,11 @@ import pickle
 import numpy as np
 import pytest
 from numba import cuda
-from numba.cuda.random import (create_xoroshiro128p_states, xoroshiro128p_dtype,
-                               xoroshiro128p_normal_float64, xoroshiro128p_uniform_float32)
+from numba.cuda.random import (
+    create_xoroshiro128p_states,
+    xoroshiro128p_normal_float64,
+    xoroshiro128p_uniform_float32,
+)
 
 import daskgpu as dg
 

@@ -82,10 +82,11 @@ def install():
     """Replace ``numba.cuda.jit`` with the routing one."""
     import numba.cuda
     import numba.cuda.decorators as decorators
-    # Library kernels made when these import stay numba-cuda's.
-    import numba.cuda.random  # noqa: F401
     import numba.cuda.kernels.reduction  # noqa: F401
     import numba.cuda.kernels.transpose  # noqa: F401
+
+    # Library kernels made when these import stay numba-cuda's.
+    import numba.cuda.random  # noqa: F401
 
     original = decorators.jit
     if getattr(original, "_daskgpu_routed", False):

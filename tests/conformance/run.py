@@ -171,7 +171,7 @@ def print_summary(summary):
     t = summary["total"]
     pct = 100 * t["daskgpu_passed"] / max(1, t["numba_passed"])
     print(f"{'TOTAL':60s} {t['numba_passed']:6d} {t['daskgpu_passed']:8d} {t['no_launch']:9d}  ({pct:.1f}%)")
-    for mod, row in sorted(summary["modules"].items()):
+    for _mod, row in sorted(summary["modules"].items()):
         for nodeid, reason in sorted(row["lost"].items()):
             print(f"LOST {nodeid}: {reason}")
     for mod in summary.get("not_collected", ()):

@@ -1,7 +1,6 @@
 """A big-endian array gets a message that names its byte order."""
 
 import numpy as np
-import pytest
 
 from daskgpu._image.argspec import ArgSpec, mismatch
 
