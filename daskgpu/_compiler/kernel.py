@@ -165,11 +165,12 @@ class Kernel(LaunchAPI):
         backend.current().run(image, config, args, infos, function=self.py_func)
         return written_result(args, image.writes)
 
-    def ptx_kernel(self) -> PTXKernel:
+    def ptx_kernel(self, with_function: bool | None = None) -> PTXKernel:
         """This kernel as shipped: its compiled images, PTX-only.
 
-        While ``daskgpu.simulate`` is on, the images also carry the Python
-        function so that simulated workers can run it.
+        With ``with_function`` (by default, while ``daskgpu.simulate`` is on)
+        the images also carry the Python function, so that simulated workers
+        can run it.
         """
         images = self.images
         if not images:
@@ -178,7 +179,9 @@ class Kernel(LaunchAPI):
                 f"(dg.jit('void(float32[::1], ...)')), call {self.__name__}.compile(sig), "
                 f"or {self.__name__}.specialize(*args) with example arguments."
             )
-        if backend.current().simulated:  # simulated workers run the Python function
+        if with_function is None:
+            with_function = backend.current().simulated
+        if with_function:  # simulated workers run the Python function
             import cloudpickle
 
             blob = cloudpickle.dumps(self.py_func)

@@ -31,7 +31,6 @@ from daskgpu._dask.chunk_params import (
 )
 from daskgpu._dask.chunk_task import Fused
 from daskgpu._image.random_states import STATE_DTYPE
-from daskgpu._runtime import backend as backends
 from daskgpu._runtime.ptx_kernel import PTXKernel
 
 __all__ = ["ChainLink", "Planned", "Result", "chains", "check_kernel", "fuse", "plan_params",
@@ -95,16 +94,23 @@ def _examples(roles, arrays, ndim):
     return tuple(out)
 
 
-def shipped(kernel, image) -> PTXKernel:
-    """The PTX-only kernel holding just ``image`` (with its function if simulating)."""
-    ptx = kernel.ptx_kernel() if not isinstance(kernel, PTXKernel) else kernel
+def shipped(kernel, image, simulate: bool) -> PTXKernel:
+    """The PTX-only kernel holding just ``image``; with its Python function for ``simulate``.
+
+    ``simulate``: this process or the cluster's workers run kernels in the simulator.
+    """
+    if isinstance(kernel, PTXKernel):
+        ptx = kernel
+    else:
+        ptx = kernel.ptx_kernel(with_function=simulate)
     images = tuple(im for im in ptx.images if im == image)
     # An image without its Python function (a loaded bundle) runs on GPUs only.
-    if backends.current().simulated and images[0].py_func is None:
+    if simulate and images[0].py_func is None:
         raise TypeError(
             f"kernel {ptx.__name__!r} was loaded without its Python function, so it "
-            "cannot run in the CUDA simulator; turn daskgpu.simulate off and run it on "
-            "a GPU, or map the client kernel (dg.jit) instead"
+            "cannot run in the CUDA simulator, where this process or the cluster's workers "
+            "run kernels (daskgpu.simulate); run it on GPU workers with daskgpu.simulate "
+            "off, or map the client kernel (dg.jit) instead"
         )
     return PTXKernel(images)
 
@@ -128,7 +134,7 @@ class Result(NamedTuple):
     dtype: np.dtype
 
 
-def plan_params(kernel_name, image, roles, arrays, out_chunks):
+def plan_params(kernel_name, image, roles, arrays, out_chunks, simulate: bool):
     """What each kernel parameter is per chunk, and which of them a task returns.
 
     Returns ``(plan, returns)``: one :class:`Planned` per kernel parameter
@@ -162,7 +168,8 @@ def plan_params(kernel_name, image, roles, arrays, out_chunks):
             returns.append(Result(index, value.dtype))
         elif kind is StatesParam:  # scratch: the kernel's writes to its states are not returned
             shape = tuple(int(sum(c)) for c in out_chunks)  # random states refuse halos
-            param = StatesParam(value.seed, StatesParam.strides_of(shape), _states_builder())
+            param = StatesParam(value.seed, StatesParam.strides_of(shape),
+                                _states_builder(simulate))
             plan.append(Planned(param, None))
         elif kind is WholeParam:
             plan.append(Planned(WholeParam(written), value))
@@ -177,9 +184,9 @@ def plan_params(kernel_name, image, roles, arrays, out_chunks):
     return tuple(plan), tuple(returns)
 
 
-def _states_builder():
-    """The PTX-only states kernel, compiled here on the client; None while simulating."""
-    if backends.current().simulated:
+def _states_builder(simulate: bool):
+    """The PTX-only states kernel, compiled here on the client; None for ``simulate``."""
+    if simulate:
         return None  # simulated workers build states on the host, from the same table
     from daskgpu._compiler.random_states import builder
 

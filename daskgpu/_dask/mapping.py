@@ -18,6 +18,7 @@ import operator
 import sys
 from contextlib import nullcontext
 from numbers import Integral
+from typing import NamedTuple
 
 import numpy as np
 
@@ -37,6 +38,7 @@ from daskgpu._dask.launch_plan import (
     shipped,
 )
 from daskgpu._dask.placement import GPU, ensure_placement
+from daskgpu._dask.plugin import SIMULATED_METRIC
 from daskgpu._runtime import backend as backends
 
 __all__ = ["Out", "map_kernel", "offset"]
@@ -53,43 +55,55 @@ def workers_info(client) -> dict:
     return info.get("workers", {})
 
 
-#: Scheduler addresses whose workers were seen offering a ``GPU`` resource
-#: (client side). Deciding the annotation asks the scheduler for its workers,
+class ClusterFacts(NamedTuple):
+    """What the current Dask cluster's workers offer, as the scheduler reports them."""
+
+    #: Some worker offers the ``GPU`` resource: launches are placed on such workers.
+    offers_gpu: bool = False
+    #: Some worker runs kernels in the CUDA simulator: it needs the Python function.
+    simulates: bool = False
+
+
+#: What each cluster offers, by scheduler address (client side). Asking costs
 #: a round trip of a few milliseconds on every ``map_kernel`` call; once a
-#: cluster has shown GPU workers, its graphs are annotated without asking
-#: again (if they all leave, annotated tasks wait for one to come back, where
-#: plain tasks would fail on a worker without a GPU). A cluster seen without
-#: any is asked again next time, since GPU workers may join it.
+#: cluster has shown GPU workers, its facts are kept (if they all leave,
+#: annotated tasks wait for one to come back, where plain tasks would fail on
+#: a worker without a GPU). A cluster seen without any is asked again next
+#: time, since GPU workers may join it.
 gpu_clusters = BoundedCache(64, "scheduler addresses with GPU workers")
 
 
-def _gpu_annotation():
-    """``dask.annotate(resources={"GPU": 1})`` when the current cluster offers GPUs.
+def cluster_facts() -> ClusterFacts:
+    """What the current client's cluster offers; nothing without a (synchronous) client.
 
-    The annotation alone does not survive the scheduler's low-level fusion, so
-    such a cluster's scheduler also gets :class:`~daskgpu._dask.placement.GPUPlacement`,
-    which restricts every launch task as it arrives, whatever was optimized.
+    A cluster that offers GPUs also gets :class:`~daskgpu._dask.placement.GPUPlacement`,
+    which keeps every launch on a GPU worker whatever the graph's optimization
+    drops. Simulated workers say so through the worker metric
+    :data:`~daskgpu._dask.plugin.SIMULATED_METRIC` of their plugin.
     """
-    import dask
-
     if "distributed" not in sys.modules:  # no client can be current
-        return nullcontext()
+        return ClusterFacts()
     try:
         from distributed import get_client
 
         client = get_client()
         if client.asynchronous:  # its cached scheduler info lists no workers
-            return nullcontext()
+            return ClusterFacts()
         address = client.scheduler.address
-        if address not in gpu_clusters:
-            workers = workers_info(client)
-            if not any((w.get("resources") or {}).get(GPU) for w in workers.values()):
-                return nullcontext()
-            gpu_clusters.put(address, True)
+        facts = gpu_clusters.lookup(address)
+        if facts is None:
+            workers = workers_info(client).values()
+            facts = ClusterFacts(
+                offers_gpu=any((w.get("resources") or {}).get(GPU) for w in workers),
+                simulates=any((w.get("metrics") or {}).get(SIMULATED_METRIC)
+                              for w in workers))
+            if not facts.offers_gpu:
+                return facts
+            gpu_clusters.put(address, facts)
         ensure_placement(client)
     except Exception:  # no client, or it is gone: build the plain graph
-        return nullcontext()
-    return dask.annotate(resources={GPU: 1})
+        return ClusterFacts()
+    return facts
 
 
 # -- building the graph -------------------------------------------------------
@@ -220,9 +234,12 @@ def map_kernel(kernel, *args, depth=None, boundary=None, tpb=0, name=None, grid_
     ndim = mapped_rank(arrays)
     check_extras(roles, ndim, depth)
     image, rank = select_image(kernel, roles, arrays, ndim, grid_ndim)
-    ship = shipped(kernel, image)
+    cluster = cluster_facts()
+    # Simulated workers run the Python function, whether or not this process simulates.
+    simulate = backends.current().simulated or cluster.simulates
+    ship = shipped(kernel, image, simulate)
     aligned, out_chunks = _align(arrays, ndim)
-    plan, returns = plan_params(kernel.__name__, image, roles, arrays, out_chunks)
+    plan, returns = plan_params(kernel.__name__, image, roles, arrays, out_chunks, simulate)
     if token is not None:
         if name is not None:
             raise TypeError("map_kernel takes name= (a prefix, a token of the arguments "
@@ -232,10 +249,10 @@ def map_kernel(kernel, *args, depth=None, boundary=None, tpb=0, name=None, grid_
         from dask.base import tokenize
 
         name = f"{name or kernel.__name__}-" + tokenize(
-            image.hash, kernel.__name__, args, depth, boundary, int(tpb), rank,
-            backends.current().name)
+            image.hash, kernel.__name__, args, depth, boundary, int(tpb), rank, simulate)
     results = _build_graph(ship, plan, returns, arrays, aligned, out_chunks, rank=rank,
-                           tpb=int(tpb), depth=depth, boundary=boundary, name=name)
+                           tpb=int(tpb), depth=depth, boundary=boundary, name=name,
+                           on_gpus=cluster.offers_gpu)
     return _combined(results, plan, returns, len(out_chunks), split_every, name)
 
 
@@ -324,8 +341,9 @@ def _meta_base(arrays):
 
 
 def _build_graph(ship, plan, returns, arrays, aligned, out_chunks, *, rank, tpb, depth,
-                 boundary, name):
+                 boundary, name, on_gpus):
     """One launch task per chunk, on ``da.blockwise``; the results as dask arrays."""
+    import dask
     from dask.array.core import broadcast_chunks
     from dask.array.overlap import trim_internal
     from dask.array.utils import meta_from_array
@@ -352,7 +370,8 @@ def _build_graph(ship, plan, returns, arrays, aligned, out_chunks, *, rank, tpb,
     # Per result: its shape per launch, when it is a per-chunk output.
     per_chunk = [plan[r.index].param.shape if isinstance(plan[r.index].param, PerChunkParam)
                  else None for r in returns]
-    with _gpu_annotation():
+    # Kept through blockwise fusion; the scheduler's placement plugin covers the rest.
+    with dask.annotate(resources={GPU: 1}) if on_gpus else nullcontext():
         if len(returns) == 1:
             meta = meta_of(returns[0].dtype, ndim + len(per_chunk[0] or ()))
             results = [_launches(fn, task_args, places, name, meta, per_chunk[0])]

@@ -29,6 +29,10 @@ logger = logging.getLogger("daskgpu")
 #: The name the plugin registers under on every worker.
 PLUGIN_NAME = "daskgpu-gpu"
 
+#: The worker metric (sent with every heartbeat, read by clients from the
+#: scheduler's worker info) that says the worker runs kernels in the simulator.
+SIMULATED_METRIC = "daskgpu-simulated"
+
 # Seconds the worker keeps running after a task lost the CUDA context, so
 # that the task's error reaches the scheduler before the process goes.
 _GRACE = 0.5
@@ -86,6 +90,9 @@ class GPUWorkerPlugin(WorkerPlugin):
         _config.check()  # a bad daskgpu.* value fails the worker's start, named
         self._worker = worker
         self.info = _probe(warm=True)
+        metrics = getattr(worker, "metrics", None)
+        if isinstance(metrics, dict):  # clients learn from it that they must ship Python
+            metrics[SIMULATED_METRIC] = _simulated
 
     def transition(self, key, start, finish, **kwargs):
         """Close the worker after a task failed with a lost CUDA context.
@@ -193,6 +200,11 @@ def device_info(dask_worker=None) -> dict:
         if isinstance(plugin, GPUWorkerPlugin) and plugin.info is not None:
             return dict(plugin.info)
     return _probe(warm=False)
+
+
+def _simulated(worker) -> bool:
+    plugin = worker.plugins.get(PLUGIN_NAME)
+    return bool(plugin is not None and plugin.info and plugin.info["simulated"])
 
 
 def _probe(warm: bool) -> dict:

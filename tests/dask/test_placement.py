@@ -144,3 +144,21 @@ def test_launch_callables_mark_themselves():
     assert is_launch(launch)
     assert not is_launch(np.add)
     assert isinstance(GPUPlacement(), SchedulerPlugin)
+
+
+def test_a_client_that_does_not_simulate_ships_python_to_simulated_workers(mixed_cluster):
+    # The workers were started by hand with DASK_DASKGPU__SIMULATE=1; this client is not.
+    client = mixed_cluster
+    with dask.config.set({"daskgpu.simulate": False}):
+        x = da.arange(6 * 16, dtype=np.float32, chunks=16)
+        y = dg.map_kernel(scale, dg.Out(np.float32, like=x), 4.0, x)
+        np.testing.assert_array_equal(y.compute(), 4 * np.arange(6 * 16, dtype=np.float32))
+        # A bundle has no Python function to ship: refused when the graph is built.
+        ptx_only = scale.ptx_kernel(with_function=False)
+        with pytest.raises(TypeError, match=r"cannot run in the CUDA simulator.*daskgpu\.simulate"):
+            dg.map_kernel(ptx_only, dg.Out(np.float32, like=x), 4.0, x)
+        # A launch pickled PTX-only fails on a simulated worker with one line naming the setting.
+        fut = client.submit(scale.forall(16), np.empty(16, np.float32), np.float32(1),
+                            np.ones(16, np.float32), pure=False)
+        with pytest.raises(dg.DeviceError, match=r"shipped PTX only.*daskgpu\.simulate"):
+            fut.result(timeout=60)
