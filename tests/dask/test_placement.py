@@ -162,3 +162,31 @@ def test_a_client_that_does_not_simulate_ships_python_to_simulated_workers(mixed
                             np.ones(16, np.float32), pure=False)
         with pytest.raises(dg.DeviceError, match=r"shipped PTX only.*daskgpu\.simulate"):
             fut.result(timeout=60)
+
+
+_KERNELS = '''
+from numba import cuda
+
+
+def saxpy(out, a, x, y):
+    i = cuda.grid(1)
+    if i < out.size:
+        out[i] = a * x[i] + y[i]
+'''
+
+
+def test_daskgpu_batch_runs_on_a_simulated_cluster_started_by_hand(mixed_cluster, tmp_path):
+    (tmp_path / "kernels.py").write_text(_KERNELS)
+    x = np.arange(400, dtype=np.float32)
+    np.save(tmp_path / "x.npy", x)
+    np.save(tmp_path / "y.npy", np.ones_like(x))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DASK_DASKGPU")}
+    out = subprocess.run(
+        [sys.executable, "-m", "daskgpu", "batch", "kernels.py:saxpy", "--input", "x.npy",
+         "--input", "y.npy", "--output", "z.zarr:float32", "--scalar", "2.0", "--chunks", "100",
+         "--scheduler", mixed_cluster.scheduler.address],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)
+    assert out.returncode == 0, out.stdout + out.stderr
+    import zarr
+
+    np.testing.assert_array_equal(zarr.open_array(str(tmp_path / "z.zarr"))[:], 2 * x + 1)
