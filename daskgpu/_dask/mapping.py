@@ -144,19 +144,19 @@ def map_kernel(kernel, *args, depth=None, boundary=None, tpb=0, name=None, grid_
     tpb : int
         Threads per block; 0 asks the occupancy API.
     name : str, optional
-        Prefix of the key names: the launch tasks are named ``{name}-{token}``,
-        the token hashing the image and the arguments, so equal calls give
-        equal keys and two different calls never share one (several outputs
-        are named ``{name}-{token}-out{i}``). Default: the kernel's name.
+        The key name to use for the output array, as in ``da.map_blocks``.
+        Note that this fully specifies the output key name, and must be
+        unique: two calls with the same ``name`` share their results. If not
+        provided, it is ``{token}-{hash}``, the hash of the image and the
+        arguments, so equal calls give equal keys and different calls never
+        share one. Several outputs are named ``{name}-out{i}``.
     grid_ndim : int, optional
         Launch rank. Default: the rank of the kernel's ``cuda.grid(n)`` /
         ``cuda.gridsize(n)`` calls, else 1. Rank 1 launches ``chunk.size``
         threads; rank 2 or 3 launches ``chunk.shape`` threads (axis 0 is x).
     token : str, optional
-        The full key name instead, used as given: two calls with the same
-        ``token`` share their results, so make it unique. (``da.map_blocks``
-        has the same two options the other way round: there ``token`` is the
-        prefix and ``name`` the full name.)
+        The key prefix to use for the output array, as in ``da.map_blocks``.
+        If not provided, the kernel's name.
     split_every : int or dict, optional
         For outputs with ``combine=``: how many partials one combine task
         folds, as in ``da.reduction`` (default: dask's ``split_every``).
@@ -240,16 +240,12 @@ def map_kernel(kernel, *args, depth=None, boundary=None, tpb=0, name=None, grid_
     ship = shipped(kernel, image, simulate)
     aligned, out_chunks = _align(arrays, ndim)
     plan, returns = plan_params(kernel.__name__, image, roles, arrays, out_chunks, simulate)
-    if token is not None:
-        if name is not None:
-            raise TypeError("map_kernel takes name= (a prefix, a token of the arguments "
-                            "is added) or token= (the full key name), not both")
-        name = str(token)
-    else:
+    if name is None:  # as da.map_blocks: name= is the full key name, token= its prefix
         from dask.base import tokenize
 
-        name = f"{name or kernel.__name__}-" + tokenize(
+        name = f"{token or kernel.__name__}-" + tokenize(
             image.hash, kernel.__name__, args, depth, boundary, int(tpb), rank, simulate)
+    name = str(name)
     results = _build_graph(ship, plan, returns, arrays, aligned, out_chunks, rank=rank,
                            tpb=int(tpb), depth=depth, boundary=boundary, name=name,
                            on_gpus=cluster.offers_gpu)

@@ -361,8 +361,26 @@ def test_names_are_deterministic(simulate):
     assert build().name.startswith("saxpy-")
     assert build(2.0).name != build().name
     assert build(tpb=32).name != build().name
-    assert build(name="my-saxpy").name.startswith("my-saxpy-")  # a prefix, as issue 17 asks
-    assert build(token="my-saxpy").name == "my-saxpy"            # the full name
+    # As da.map_blocks (issue #25): token= is a prefix, name= the full key name.
+    assert build(token="my-saxpy").name.startswith("my-saxpy-")
+    assert build(token="my-saxpy", a=2.0).name != build(token="my-saxpy").name
+    assert build(name="my-saxpy").name == "my-saxpy"
+
+
+def test_a_reused_token_never_mixes_results(simulate):
+    # Two calls with token="t" over different data: each keeps its own result.
+    @dg.jit("void(float32[::1], float32[::1])")
+    def copy(out, x):
+        i = cuda.grid(1)
+        if i < out.size:
+            out[i] = x[i]
+
+    zeros, ones = da.zeros(8, chunks=4, dtype=np.float32), da.ones(8, chunks=4, dtype=np.float32)
+    a = dg.map_kernel(copy, dg.Out(np.float32, like=zeros), zeros, token="t")
+    b = dg.map_kernel(copy, dg.Out(np.float32, like=ones), ones, token="t")
+    got_a, got_b = dask.compute(a, b)
+    np.testing.assert_array_equal(got_a, 0)
+    np.testing.assert_array_equal(got_b, 1)
 
 
 def test_one_task_per_chunk_outputs_have_none_of_their_own(simulate):
