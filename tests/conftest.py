@@ -1,6 +1,7 @@
 import functools
 
 import pytest
+from numba import cuda
 
 
 @functools.cache
@@ -33,4 +34,44 @@ def plus_one_ptx(tmp_path_factory):
                               abi_info={"abi_name": "plus_one"})
     path = tmp_path_factory.mktemp("link") / "plus_one.ptx"
     path.write_text(ptx)
+    return path
+
+
+# -- the kernels the bundle tests save and load (tests/image, tests/runtime) ------
+
+def saxpy(out, a, x, y):
+    i = cuda.grid(1)
+    if i < out.shape[0]:
+        out[i] = a * x[i] + y[i]
+
+
+def fill(out):
+    i = cuda.grid(1)
+    if i < out.size:
+        out[i] = i
+
+
+@pytest.fixture(scope="session")
+def bundle_kernels():
+    """A two-signature saxpy with options and targets, and a one-signature fill."""
+    import types
+
+    import daskgpu as dg
+
+    dg._config.register()
+    return types.SimpleNamespace(
+        saxpy=dg.jit(["void(float32[::1], float32, float32[::1], float32[::1])",
+                      "void(float64[:], float64, float64[:], float64[:])"],
+                     targets=["7.5", "9.0"], fastmath=True, max_registers=64)(saxpy),
+        fill=dg.jit("void(float32[::1])")(fill),
+    )
+
+
+@pytest.fixture
+def bundle(tmp_path, bundle_kernels):
+    """The saxpy of :func:`bundle_kernels`, saved to a bundle file."""
+    import daskgpu as dg
+
+    path = tmp_path / "saxpy.dgk"
+    dg.save(bundle_kernels.saxpy, path)
     return path

@@ -9,7 +9,6 @@ import pickle
 
 import dask.config
 import pytest
-from numba import cuda
 
 import daskgpu as dg
 from daskgpu import BundleError
@@ -23,29 +22,6 @@ from daskgpu._image.bundle import (
 )
 
 dg._config.register()
-
-
-@dg.jit(["void(float32[::1], float32, float32[::1], float32[::1])",
-         "void(float64[:], float64, float64[:], float64[:])"],
-        targets=["7.5", "9.0"], fastmath=True, max_registers=64)
-def saxpy(out, a, x, y):
-    i = cuda.grid(1)
-    if i < out.shape[0]:
-        out[i] = a * x[i] + y[i]
-
-
-@dg.jit("void(float32[::1])")
-def fill(out):
-    i = cuda.grid(1)
-    if i < out.size:
-        out[i] = i
-
-
-@pytest.fixture
-def bundle(tmp_path):
-    path = tmp_path / "saxpy.dgk"
-    dg.save(saxpy, path)
-    return path
 
 
 def _rewrite(path, mutate, rehash=True):
@@ -80,8 +56,8 @@ def test_file_is_readable_json_with_the_documented_layout(bundle):
     assert bundle.stat().st_size == decode_bundle(read_bundle_bytes(path), path)[1].size
 
 
-def test_an_image_encodes_and_decodes_without_a_file():
-    for image in saxpy.images:
+def test_an_image_encodes_and_decodes_without_a_file(bundle_kernels):
+    for image in bundle_kernels.saxpy.images:
         encoded = encode_image(image)
         assert json.loads(json.dumps(encoded)) == encoded  # JSON-able as it is
         assert decode_image(encoded, 0, "<memory>") == image
@@ -237,18 +213,18 @@ def test_deep_nesting_is_a_bundle_error_not_a_recursion_error(tmp_path):
     assert "nests" not in str(err.value)
 
 
-def test_size_is_bounded_before_reading(tmp_path, monkeypatch):
+def test_size_is_bounded_before_reading(tmp_path, monkeypatch, bundle_kernels):
     path = tmp_path / "fill.dgk"
-    dg.save(fill, path)
+    dg.save(bundle_kernels.fill, path)
     monkeypatch.setattr(document, "MAX_BYTES", path.stat().st_size - 1)
     with pytest.raises(BundleError, match="bytes, more than a kernel bundle may be"):
         dg.load(path)
 
 
 # -- integrity: sha256, and the HMAC when keyed ---------------------------------------
-def test_a_key_signs_and_detects_tampering(tmp_path):
+def test_a_key_signs_and_detects_tampering(tmp_path, bundle_kernels):
     path = tmp_path / "fill.dgk"
-    dg.save(fill, path, key="s3cret")
+    dg.save(bundle_kernels.fill, path, key="s3cret")
     assert dg.load(path, key="s3cret").signatures == ["(float32[::1])"]
     assert decode_bundle(read_bundle_bytes(str(path)), str(path))[1].signed
     dg.load(path)  # without a key, the hash alone is checked
@@ -260,11 +236,11 @@ def test_a_key_signs_and_detects_tampering(tmp_path):
         dg.load(path, key="s3cret")
 
 
-def test_the_bundle_key_setting_signs_and_requires_signatures(tmp_path):
+def test_the_bundle_key_setting_signs_and_requires_signatures(tmp_path, bundle_kernels):
     unsigned, signed = tmp_path / "u.dgk", tmp_path / "s.dgk"
-    dg.save(fill, unsigned)
+    dg.save(bundle_kernels.fill, unsigned)
     with dask.config.set({"daskgpu.bundle-key": "team-key"}):
-        dg.save(fill, signed)
+        dg.save(bundle_kernels.fill, signed)
         dg.load(signed)
         with pytest.raises(BundleError, match="is not signed"):
             dg.load(unsigned)
@@ -273,9 +249,9 @@ def test_the_bundle_key_setting_signs_and_requires_signatures(tmp_path):
         dg.load(signed, key="not-the-team-key")
 
 
-def test_an_unkeyed_mismatch_says_corrupt_not_tampered(tmp_path):
+def test_an_unkeyed_mismatch_says_corrupt_not_tampered(tmp_path, bundle_kernels):
     path = tmp_path / "fill.dgk"
-    dg.save(fill, path)
+    dg.save(bundle_kernels.fill, path)
     doc = json.loads(path.read_text())
     doc["daskgpu"] = "0.0.0"
     path.write_text(json.dumps(doc))

@@ -24,29 +24,6 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 dg._config.register()
 
 
-@dg.jit(["void(float32[::1], float32, float32[::1], float32[::1])",
-         "void(float64[:], float64, float64[:], float64[:])"],
-        targets=["7.5", "9.0"], fastmath=True, max_registers=64)
-def saxpy(out, a, x, y):
-    i = cuda.grid(1)
-    if i < out.shape[0]:
-        out[i] = a * x[i] + y[i]
-
-
-@dg.jit("void(float32[::1])")
-def fill(out):
-    i = cuda.grid(1)
-    if i < out.size:
-        out[i] = i
-
-
-@pytest.fixture
-def bundle(tmp_path):
-    path = tmp_path / "saxpy.dgk"
-    dg.save(saxpy, path)
-    return path
-
-
 def _forge(path, mutate):
     """Change a bundle as a forger would: content and its sha256 both rewritten."""
     doc = json.loads(path.read_text())
@@ -57,12 +34,12 @@ def _forge(path, mutate):
 
 
 # -- round trips ----------------------------------------------------------------
-def test_round_trip_keeps_every_field(bundle):
+def test_round_trip_keeps_every_field(bundle, bundle_kernels):
     k = dg.load(bundle)
     assert isinstance(k, dg.PTXKernel)
-    assert k.images == saxpy.images
-    assert [im.hash for im in k.images] == [im.hash for im in saxpy.images]
-    assert k.signatures == saxpy.signatures
+    assert k.images == bundle_kernels.saxpy.images
+    assert [im.hash for im in k.images] == [im.hash for im in bundle_kernels.saxpy.images]
+    assert k.signatures == bundle_kernels.saxpy.signatures
     im = k.images[0]
     assert im.targets == ((7, 5), (9, 0))
     assert im.writes == (0,)
@@ -87,18 +64,18 @@ def _store_one(out):
     out[0] = 1
 
 
-def test_output_is_deterministic_and_hash_returned(tmp_path):
+def test_output_is_deterministic_and_hash_returned(tmp_path, bundle_kernels):
     a, b = tmp_path / "a.dgk", tmp_path / "b.dgk"
-    digest = dg.save(saxpy, a)
-    dg.save(saxpy, b)
+    digest = dg.save(bundle_kernels.saxpy, a)
+    dg.save(bundle_kernels.saxpy, b)
     assert a.read_bytes() == b.read_bytes()
     assert json.loads(a.read_text())["sha256"] == digest
     assert read(a)[1].sha256 == digest
 
 
-def test_read_describes_the_file(bundle):
+def test_read_describes_the_file(bundle, bundle_kernels):
     kernel, info = read(bundle)
-    assert kernel.signatures == saxpy.signatures
+    assert kernel.signatures == bundle_kernels.saxpy.signatures
     assert (info.path, info.version, info.producer) == (str(bundle), 1, dg.__version__)
     assert info.size == bundle.stat().st_size and not info.signed
 
@@ -109,18 +86,18 @@ def test_loaded_kernel_saves_again_identically(bundle, tmp_path):
     assert again.read_bytes() == bundle.read_bytes()
 
 
-def test_save_replaces_existing_file_and_leaves_no_temporaries(bundle):
+def test_save_replaces_existing_file_and_leaves_no_temporaries(bundle, bundle_kernels):
     bundle.write_text("old")
-    dg.save(saxpy, bundle)
-    assert dg.load(bundle).signatures == saxpy.signatures
+    dg.save(bundle_kernels.saxpy, bundle)
+    assert dg.load(bundle).signatures == bundle_kernels.saxpy.signatures
     assert sorted(p.name for p in bundle.parent.iterdir()) == ["saxpy.dgk"]
 
 
-def test_bundle_never_carries_the_python_function(tmp_path):
+def test_bundle_never_carries_the_python_function(tmp_path, bundle_kernels):
     path = tmp_path / "sim.dgk"
     with dask.config.set({"daskgpu.simulate": True}):
-        assert saxpy.ptx_kernel().images[0].py_func is not None  # what pickling would ship
-        dg.save(saxpy, path)
+        assert bundle_kernels.saxpy.ptx_kernel().images[0].py_func is not None  # what pickling would ship
+        dg.save(bundle_kernels.saxpy, path)
     text = path.read_text()
     assert "py_func" not in text
     assert all(im.py_func is None for im in dg.load(path).images)
@@ -160,18 +137,18 @@ def test_missing_file_and_directory(tmp_path):
 # -- exception classes of a loaded kernel ---------------------------------------------
 @pytest.mark.parametrize("name", ["SystemExit", "KeyboardInterrupt", "GeneratorExit", "Warning",
                                   "BaseExceptionGroup", "MemoryError", "StopIteration"])
-def test_exception_classes_resolve_only_from_the_allow_list(tmp_path, name):
+def test_exception_classes_resolve_only_from_the_allow_list(tmp_path, name, bundle_kernels):
     path = tmp_path / "fill.dgk"
-    dg.save(fill, path)
+    dg.save(bundle_kernels.fill, path)
     _forge(path, lambda c: c["images"][0]["exceptions"].append([1, name, ["boom"], None]))
     image = dg.load(path).images[0]
     exc = device_exception(image, 1, (0, 0, 0), (0, 0, 0))
     assert type(exc) is DeviceError and f"{name}: " in str(exc)
 
 
-def test_ordinary_exception_classes_still_resolve(tmp_path):
+def test_ordinary_exception_classes_still_resolve(tmp_path, bundle_kernels):
     path = tmp_path / "fill.dgk"
-    dg.save(fill, path)
+    dg.save(bundle_kernels.fill, path)
     _forge(path, lambda c: c["images"][0]["exceptions"].append([1, "IndexError", ["i"], None]))
     exc = device_exception(dg.load(path).images[0], 1, (0, 0, 0), (0, 0, 0))
     assert type(exc) is IndexError
@@ -196,10 +173,10 @@ def _run_without_numba(script, *args):
     )
 
 
-def test_load_needs_no_numba(bundle):
+def test_load_needs_no_numba(bundle, bundle_kernels):
     proc = _run_without_numba(_NO_NUMBA, bundle)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.strip() == repr(saxpy.signatures)
+    assert proc.stdout.strip() == repr(bundle_kernels.saxpy.signatures)
 
 
 @pytest.mark.gpu
