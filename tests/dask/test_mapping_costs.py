@@ -69,3 +69,50 @@ def test_the_out_placeholder_has_the_chunks_and_no_tasks():
     x = da.ones((6, 4), chunks=(4, 3))
     p = mapping.placeholder(dg.Out(np.float32, like=x))
     assert p.chunks == x.chunks and len(dict(p.__dask_graph__())) == 0
+
+
+# -- what each task costs as the chunks grow in number -----------------------------
+# Measured as `daskgpu bench scale` measures: every task of the optimized graph,
+# pickled as the scheduler pickles a task for a worker.
+
+@pytest.fixture(scope="module")
+def graph_costs():
+    pytest.importorskip("distributed")
+    from daskgpu._cli.bench import scale
+
+    scale.graph_cost(scale.saxpy, scale.ones(10))  # the first call plans the kernel's image
+    return {(build.__name__, count): scale.graph_cost(build, scale.ones(count))
+            for count in (100, 10_000) for build in (scale.saxpy, scale.add)}
+
+
+@pytest.mark.parametrize("count", [100, 10_000])
+def test_a_chunk_costs_at_most_twice_the_bytes_of_map_blocks(graph_costs, count):
+    ours, base = graph_costs["saxpy", count], graph_costs["add", count]
+    assert ours.tasks == base.tasks + 1  # the launch key
+    assert ours.bytes_per_chunk <= 2 * base.bytes_per_chunk, (ours, base)
+
+
+def test_the_bytes_of_a_chunk_do_not_grow_with_the_chunks(graph_costs):
+    few, many = graph_costs["saxpy", 100], graph_costs["saxpy", 10_000]
+    assert many.bytes_per_chunk <= 1.25 * few.bytes_per_chunk, (few, many)
+
+
+def test_ten_thousand_chunks_build_in_a_few_seconds(graph_costs):
+    # Built, optimized and every task pickled; generous, for a slow shared machine.
+    # Each task carrying all chunks' tables, as it once did, takes minutes.
+    assert graph_costs["saxpy", 10_000].seconds < 10, graph_costs["saxpy", 10_000]
+
+
+def test_a_launching_task_carries_neither_the_ptx_nor_main():
+    pytest.importorskip("distributed")
+    from daskgpu._cli.bench import scale
+    from daskgpu._dask.placement import runs_launch
+
+    arr = scale.saxpy(scale.ones(100))
+    tasks = scale.optimized_tasks(arr)
+    launching = [scale.pickled(t) for t in tasks.values() if runs_launch(t)]
+    assert len(launching) == 100
+    for blob in launching:
+        assert b".entry" not in blob and b"__main__" not in blob
+    # The PTX is there once, in the launch key every task reads.
+    assert b".entry" in scale.pickled(tasks[f"{arr.name}-launch"])

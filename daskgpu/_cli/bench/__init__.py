@@ -3,6 +3,7 @@
 One module per group of sections (:mod:`~daskgpu._cli.bench.startup`,
 :mod:`~daskgpu._cli.bench.overhead`, :mod:`~daskgpu._cli.bench.host`,
 :mod:`~daskgpu._cli.bench.device`, :mod:`~daskgpu._cli.bench.compute`,
+:mod:`~daskgpu._cli.bench.scale`,
 :mod:`~daskgpu._cli.bench.reductions`), what they share
 (:mod:`~daskgpu._cli.bench.common`), the kernels they run
 (:mod:`~daskgpu._cli.bench.kernels`), what runs in fresh processes

@@ -11,7 +11,7 @@ from __future__ import annotations
 import inspect
 import json
 
-from daskgpu._cli.bench import compute, device, host, overhead, reductions, startup
+from daskgpu._cli.bench import compute, device, host, overhead, reductions, scale, startup
 from daskgpu._cli.bench.common import BenchCluster, BenchOptions, table
 
 #: What ``daskgpu bench --help`` says the command does.
@@ -34,6 +34,7 @@ SECTIONS = {
     "compute": compute.bench_compute,
     "scaling": compute.bench_scaling,
     "reductions": reductions.bench_reductions,
+    "scale": scale.bench_scale,
 }
 
 
