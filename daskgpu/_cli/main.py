@@ -100,7 +100,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "memory split between the GPUs)")
     p.add_argument("--local-directory", metavar="PATH", help="scratch directory of the workers")
     p.add_argument("--death-timeout", type=float, metavar="SECONDS",
-                   help="give up when the scheduler is unreachable this many seconds")
+                   help="give up on a worker that has not started (or restarted) and joined "
+                        "the scheduler within this many seconds (default 120)")
     p.add_argument("--dashboard-address", metavar="ADDRESS",
                    help="worker dashboard address (default: a free port)")
     p.set_defaults(_run=_cmd_worker, _check=_check_worker)

@@ -75,10 +75,16 @@ def nanny_options(scheduler=None, *, scheduler_file=None, devices=None, nthreads
     nthreads : int
     resources : dict, optional
         Extra resources; ``GPU`` defaults to 1.
-    name, memory_limit, local_directory, death_timeout, dashboard_address
+    name, memory_limit, local_directory, dashboard_address
         As ``distributed.Nanny`` takes them; ``name`` gets ``-<device>`` with
         several devices, and ``memory_limit="auto"`` splits the host's memory
         evenly between the GPU workers.
+    death_timeout : float, optional
+        Seconds a worker process may take to start and reach the scheduler,
+        each time its nanny starts it: at first, and again after a lost CUDA
+        context or ``client.restart()``. Default, as for
+        :class:`~daskgpu.LocalGPUCluster`,
+        :data:`~daskgpu._dask.cluster.WORKER_START_TIMEOUT` (120 s).
     simulate : bool, optional
         Run kernels in Numba's CUDA simulator (no GPU needed); default the
         dask config ``daskgpu.simulate``. Each worker gets the setting both
@@ -122,8 +128,15 @@ def nanny_options(scheduler=None, *, scheduler_file=None, devices=None, nthreads
         from distributed.system import MEMORY_LIMIT
 
         memory_limit = MEMORY_LIMIT // len(devices)
+    from daskgpu._dask.cluster import WORKER_START_TIMEOUT
     from daskgpu._dask.plugin import GPUWorkerPlugin
 
+    if death_timeout is None:
+        # The nanny gives up on a worker process that does not start in this
+        # time, on a restart too. A finite bound, long enough for a restart that
+        # re-imports slow modules and creates a CUDA context again on a loaded
+        # machine; a worker that cannot start then fails, and the nanny logs it.
+        death_timeout = WORKER_START_TIMEOUT
     specs = []
     for device in devices:
         spec = {
@@ -149,7 +162,12 @@ def nanny_options(scheduler=None, *, scheduler_file=None, devices=None, nthreads
 
 
 async def run_workers(specs, stop: asyncio.Event | None = None) -> None:
-    """Start one Nanny per spec; run until they finish, SIGINT/SIGTERM, or ``stop`` is set."""
+    """Start one Nanny per spec; run until they finish, SIGINT/SIGTERM, or ``stop`` is set.
+
+    A nanny that closes on its own meanwhile (the scheduler closed it, or its
+    worker process did not start within its ``death_timeout``) is reported on
+    stderr, and the others run on.
+    """
     from distributed import Nanny
 
     stop = stop or asyncio.Event()
@@ -165,14 +183,29 @@ async def run_workers(specs, stop: asyncio.Event | None = None) -> None:
     nannies = [Nanny(**spec) for spec in specs]
     try:
         await asyncio.gather(*nannies)
-        finished = asyncio.ensure_future(asyncio.gather(*(n.finished() for n in nannies)))
+        running = {asyncio.ensure_future(n.finished()): spec for n, spec in zip(nannies, specs)}
         stopped = asyncio.ensure_future(stop.wait())
-        await asyncio.wait([finished, stopped], return_when=asyncio.FIRST_COMPLETED)
-        for task in (finished, stopped):
+        while running and not stopped.done():
+            done, _ = await asyncio.wait([*running, stopped],
+                                         return_when=asyncio.FIRST_COMPLETED)
+            for task in done - {stopped}:
+                if not stop.is_set():  # a nanny that closed on its own: its GPU is idle
+                    _report_stopped(running.pop(task), len(running), len(specs))
+        for task in (*running, stopped):
             task.cancel()
-        await asyncio.gather(finished, stopped, return_exceptions=True)
+        await asyncio.gather(*running, stopped, return_exceptions=True)
     finally:
         await asyncio.gather(*(n.close(timeout=10, reason="daskgpu-worker-stop")
                                for n in nannies), return_exceptions=True)
         for signum in handled:
             loop.remove_signal_handler(signum)
+
+
+def _report_stopped(spec, left, total) -> None:
+    """Say that a nanny closed on its own, while ``daskgpu worker`` runs on."""
+    device = spec.get("env", {}).get("CUDA_VISIBLE_DEVICES")
+    which = f" on GPU {device}" if device else f" {spec['name']!r}" if spec.get("name") else ""
+    print(f"daskgpu worker: the worker{which} stopped for good: its nanny closed, either "
+          "because the scheduler closed it or because its process did not start within "
+          f"death_timeout={spec.get('death_timeout')} s; {left} of {total} worker(s) still "
+          "run", file=sys.stderr)

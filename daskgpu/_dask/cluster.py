@@ -4,17 +4,26 @@ Like distributed's ``LocalCluster``, the class only turns its arguments into a
 spec for ``SpecCluster``: a scheduler, and one worker per GPU whose
 ``CUDA_VISIBLE_DEVICES`` lists its own GPU first, with the resource ``GPU=1``
 and :class:`~daskgpu.GPUWorkerPlugin`. Without a GPU it runs simulated.
+
+One thing differs from ``SpecCluster``: a worker that left the scheduler (its
+nanny restarting it after a lost CUDA context) is waited for as long as its
+nanny waits for the new process (``death_timeout``), not only distributed's
+``lost-worker-timeout``, since a restart re-imports the main module first.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import operator
 import os
 import threading
 
 import dask.config
+from dask.utils import parse_timedelta
 from distributed import Nanny, Scheduler, SpecCluster, Worker
+from distributed.core import Status
+from distributed.deploy.cluster import Cluster
 from distributed.security import Security
 from distributed.worker_memory import parse_memory_limit
 
@@ -27,6 +36,14 @@ logger = logging.getLogger("daskgpu")
 
 #: Workers a simulated cluster runs when no devices are given.
 SIMULATED_WORKERS = 2
+
+#: Seconds a worker process may take to start, each time its nanny starts it,
+#: before the nanny gives up on it: the Nanny's ``death_timeout``, for
+#: LocalGPUCluster and ``daskgpu worker``. A restart (after a lost CUDA context,
+#: or ``client.restart()``) re-imports the user's main module, eager kernels and
+#: all (21 s once on a loaded machine); a first start also creates a CUDA
+#: context. As long as ``client.restart()`` waits for workers by default.
+WORKER_START_TIMEOUT = 120
 
 
 class LocalGPUCluster(SpecCluster):
@@ -72,6 +89,15 @@ interface, silence_logs, memory_limit, asynchronous, loop, name, scheduler_kwarg
         no dashboard, and the scheduler's other HTTP routes listen on a free
         port, so nothing warns when 8787 is taken; ``":0"`` puts the dashboard
         on a free port.
+    death_timeout : float or str
+        Seconds (or a string such as ``"5 minutes"``) a worker process may
+        take to start, each time: at the cluster's start, and when its nanny
+        restarts it after a lost CUDA context or ``client.restart()``, which
+        re-imports the main module of the script that started the cluster.
+        Default :data:`WORKER_START_TIMEOUT` (120 s). The cluster waits that
+        long for a restarting worker; a worker that does not start in time
+        fails, is logged as such, and leaves the cluster, whose other workers
+        go on. ``None`` waits only ``distributed.deploy.lost-worker-timeout``.
     **worker_kwargs
         Further options for each worker (or Nanny). Options that neither takes,
         and dask-cuda's (``n_workers``, ``CUDA_VISIBLE_DEVICES``,
@@ -108,7 +134,7 @@ interface, silence_logs, memory_limit, asynchronous, loop, name, scheduler_kwarg
                  protocol=None, security=None,
                  interface=None, silence_logs=logging.WARN, memory_limit="auto",
                  asynchronous=False, loop=None, name=None, scheduler_kwargs=None,
-                 **worker_kwargs):
+                 death_timeout=WORKER_START_TIMEOUT, **worker_kwargs):
         # Refuse what no worker would take now, before any process starts.
         check_options(threads_per_worker, worker_kwargs, processes=processes)
         devices, simulate = resolve_devices(devices, simulate)
@@ -123,7 +149,7 @@ interface, silence_logs, memory_limit, asynchronous, loop, name, scheduler_kwarg
         )
         worker_kwargs.update(
             host=host, protocol=protocol, interface=interface, security=security,
-            silence_logs=silence_logs,
+            silence_logs=silence_logs, death_timeout=death_timeout,
             dashboard_address=worker_dashboard_address,
             dashboard=worker_dashboard_address is not None,
             memory_limit=parse_memory_limit(memory_limit, 1, len(devices), logger=logger),
@@ -146,6 +172,7 @@ interface, silence_logs, memory_limit, asynchronous, loop, name, scheduler_kwarg
         scheduler["options"]["plugins"] = [*plugins, GPUPlacement()]
         self.devices = devices
         self.simulated = simulate
+        self._departures = {}  # worker name -> its latest departure (_give_up)
         self._gpu_specs = worker_specs(
             devices, simulate=simulate, threads_per_worker=threads_per_worker,
             processes=processes, **worker_kwargs,
@@ -178,6 +205,50 @@ interface, silence_logs, memory_limit, asynchronous, loop, name, scheduler_kwarg
     @property
     def _supports_scaling(self):
         return True
+
+    def _update_worker_status(self, op, msg):
+        # SpecCluster (distributed 2026.8) closes for good the nanny of a worker
+        # that left the scheduler if no worker of that name is there
+        # distributed.deploy.lost-worker-timeout (15 s) later. Meant for a lost
+        # job, it also ends a nanny restarting its worker after a lost CUDA context
+        # or client.restart(): the new process first re-imports the main module,
+        # 21 s once on a loaded machine. Its timer also outlives the worker's
+        # return, ending the nanny in the middle of a second restart. Instead the
+        # nanny, which bounds each start of its process (death_timeout), decides:
+        # a worker is given up lost-worker-timeout after its nanny's bound, and
+        # only for its latest departure.
+        if op != "remove":
+            return super()._update_worker_status(op, msg)
+        name = self.scheduler_info["workers"][msg]["name"]
+        start = _start_timeout(self.worker_spec.get(name))
+        wait = start + parse_timedelta(
+            dask.config.get("distributed.deploy.lost-worker-timeout"))
+        self._departures[name] = departure = object()
+        asyncio.get_running_loop().call_later(wait, self._give_up, name, departure, start,
+                                              wait)
+        Cluster._update_worker_status(self, op, msg)  # not SpecCluster's timer
+
+    def _give_up(self, name, departure, start, wait):
+        """Close the nanny of a worker that left and did not come back, as SpecCluster does."""
+        if self._departures.get(name) is not departure:
+            return  # it left again since: that departure's timer decides
+        del self._departures[name]
+        if (self.status != Status.running or name not in self.worker_spec
+                or name not in self.workers):
+            return  # closing, or scaled down on purpose
+        if any(w["name"] == name for w in self.scheduler_info["workers"].values()):
+            return
+        device = self.devices[name] if isinstance(name, int) and name < len(self.devices) \
+            else name
+        logger.error(
+            "LocalGPUCluster: worker %r (device %s) left and did not come back in %.0f s%s; "
+            "the cluster goes on without it. cluster.scale(%d) starts it again; a longer "
+            "death_timeout= gives a slow worker start more time",
+            name, device, wait,
+            f": its process did not start within death_timeout={start:g} s" if start else "",
+            len(self.worker_spec),
+        )
+        self._futures.add(asyncio.ensure_future(_close_nanny(self.workers.pop(name))))
 
     async def _close(self):
         try:
@@ -450,6 +521,23 @@ def visible_devices() -> tuple:
         return tuple(range(count)), ""
     # CUDA stops at the first entry it cannot use: the first `count` are the GPUs.
     return parse_devices([d for d in env.split(",") if d.strip()][:count]), ""
+
+
+async def _close_nanny(nanny) -> None:
+    # distributed 2026.8's Nanny.close fails (an AssertionError) while the nanny's
+    # process is starting or has just failed to; the nanny is closed all the same,
+    # and the cluster's own close must not fail with it.
+    try:
+        await nanny.close()
+    except Exception as exc:
+        logger.debug("closing %r: %r", nanny, exc)
+
+
+def _start_timeout(spec) -> float:
+    """The seconds a worker spec's nanny waits for its process to start (0: none)."""
+    if not spec or spec.get("cls") is not Nanny:
+        return 0.0
+    return parse_timedelta(spec.get("options", {}).get("death_timeout")) or 0.0
 
 
 def worker_specs(devices, *, simulate, threads_per_worker=1, processes=True,

@@ -1,5 +1,6 @@
 """``daskgpu worker`` without a GPU: with ``daskgpu.simulate`` on it starts simulated workers."""
 
+import asyncio
 import json
 import os
 import pathlib
@@ -17,7 +18,8 @@ from daskgpu import _config
 from daskgpu._cli import info as _info
 from daskgpu._cli import main as cli
 from daskgpu._cli.main import main
-from daskgpu._cli.workers import local_devices, nanny_options
+from daskgpu._cli.workers import local_devices, nanny_options, run_workers
+from daskgpu._dask.cluster import WORKER_START_TIMEOUT
 
 _config.register()  # before dask.config.set, so the defaults outlive its blocks
 
@@ -160,3 +162,112 @@ def test_hand_started_simulated_cluster_runs_map_kernel(tmp_path):
     text = log.read_text()
     assert "daskgpu.simulate is on; 1 simulated worker(s)" in text
     assert "Traceback" not in text, text
+
+
+# -- restarts: a nanny waits for a slow worker start, up to a finite bound -------
+def test_nannies_bound_each_worker_start_as_local_gpu_cluster_does():
+    (spec,) = nanny_options("tcp://s:8786", simulate=True)
+    assert spec["death_timeout"] == WORKER_START_TIMEOUT == 120
+    (spec,) = nanny_options("tcp://s:8786", simulate=True, death_timeout=30)
+    assert spec["death_timeout"] == 30
+
+
+SLOW_MODULE = """
+import time
+
+try:
+    with open({marker!r}) as f:
+        time.sleep(float(f.read()))
+except FileNotFoundError:
+    pass
+"""
+
+
+def lose_the_context():
+    from daskgpu._errors import ContextLostError
+
+    raise ContextLostError(700, "launching kernel 'k' failed: CUDA_ERROR_ILLEGAL_ADDRESS")
+
+
+def test_a_worker_restarted_after_a_lost_context_comes_back_after_a_slow_import(tmp_path):
+    """``daskgpu worker``'s nanny restarts its worker however long the import takes.
+
+    The worker process imports a module that sleeps once a marker file exists,
+    so the first start is fast and the restart (after a task lost the CUDA
+    context, and GPUWorkerPlugin closed the worker) slow.
+    """
+    from distributed import Client, Scheduler
+
+    marker = tmp_path / "import-seconds"
+    module = tmp_path / "slow_import.py"
+    module.write_text(SLOW_MODULE.format(marker=str(marker)))
+
+    async def scenario():
+        async with Scheduler(host="127.0.0.1", port=0, dashboard_address=":0") as scheduler:
+            (spec,) = nanny_options(scheduler.address, simulate=True, dashboard_address=":0",
+                                    local_directory=str(tmp_path))
+            spec["preload"] = [str(module)]
+            stop = asyncio.Event()
+            workers = asyncio.ensure_future(run_workers([spec], stop))
+            try:
+                async with Client(scheduler.address, asynchronous=True) as client:
+                    await client.wait_for_workers(1, timeout=60)
+                    (old,) = scheduler.workers
+                    marker.write_text("3")
+                    with pytest.raises(Exception, match="ILLEGAL_ADDRESS"):
+                        await client.submit(lose_the_context, pure=False)
+                    start = time.monotonic()
+                    while set(scheduler.workers) in (set(), {old}):
+                        assert time.monotonic() - start < 60, "the worker did not come back"
+                        assert not workers.done(), "the nanny gave up"
+                        await asyncio.sleep(0.1)
+                    assert time.monotonic() - start > 3
+                    assert await client.submit(lambda: 1, pure=False) == 1
+            finally:
+                stop.set()
+                await workers
+
+    asyncio.run(scenario())
+
+
+class FakeNanny:
+    """A nanny that starts at once and finishes when ``done`` is set."""
+
+    def __init__(self, **spec):
+        self.spec = spec
+        self.done = asyncio.Event()
+
+    def __await__(self):
+        return asyncio.sleep(0, self).__await__()
+
+    async def finished(self):
+        await self.done.wait()
+
+    async def close(self, timeout=None, reason=None):
+        self.done.set()
+
+
+def test_a_nanny_that_gives_up_is_reported_and_the_others_run_on(monkeypatch, capsys):
+    import distributed
+
+    made = []
+    monkeypatch.setattr(distributed, "Nanny", lambda **spec: made.append(FakeNanny(**spec))
+                        or made[-1])
+    specs = nanny_options("tcp://s:8786", devices=["0", "1"], simulate=False)
+
+    async def scenario():
+        stop = asyncio.Event()
+        running = asyncio.ensure_future(run_workers(specs, stop))
+        while len(made) < 2:
+            await asyncio.sleep(0.01)
+        made[0].done.set()  # as when the worker on GPU 0 did not restart in time
+        await asyncio.sleep(0.05)
+        assert not running.done()  # GPU 1's worker runs on
+        stop.set()
+        await asyncio.wait_for(running, 10)
+
+    asyncio.run(scenario())
+    assert capsys.readouterr().err == (
+        "daskgpu worker: the worker on GPU 0 stopped for good: its nanny closed, either "
+        "because the scheduler closed it or because its process did not start within "
+        "death_timeout=120 s; 1 of 2 worker(s) still run\n")

@@ -94,6 +94,23 @@ def test_spec_merges_user_options():
                            "DASK_DASKGPU__SIMULATE": "False"}
 
 
+def test_every_nanny_bounds_each_start_of_its_worker(monkeypatch):
+    # A restart re-imports the main module: the nanny waits for it, up to this.
+    started = []
+    monkeypatch.setattr(_cluster.SpecCluster, "__init__",
+                        lambda self, **kwargs: started.append(kwargs["workers"]))
+    dg.LocalGPUCluster(simulate=True, devices=[0, 1])._restore_config()
+    (workers,) = started
+    assert [_cluster._start_timeout(w) for w in workers.values()] == [120, 120]
+    assert _cluster.WORKER_START_TIMEOUT == 120
+    for given, seconds in [(30, 30), ("2 minutes", 120), (None, 0)]:
+        [spec] = worker_specs((0,), simulate=True, death_timeout=given).values()
+        assert spec["options"]["death_timeout"] == given
+        assert _cluster._start_timeout(spec) == seconds
+    [threaded] = worker_specs((0,), simulate=True, processes=False, death_timeout=30).values()
+    assert _cluster._start_timeout(threaded) == 0  # no nanny restarts it
+
+
 def test_simulated_workers_are_pinned_to_no_gpu():
     # Their devices are not real: distributed's NVML monitor would fail on them.
     specs = worker_specs((0, 1), simulate=True)
