@@ -41,7 +41,7 @@ def test_each_help_describes_the_command_without_markup(name, capsys):
 @pytest.mark.parametrize("argv,unit", [
     (["demo"], "--size N elements (float32) per array"),
     (["bench"], "--size BYTES bytes of each"),
-    (["worker"], "unreachable this many seconds"),
+    (["worker"], "within this many seconds"),
     (["worker"], "--memory-limit BYTES host memory per worker, e.g. 16GB"),
 ])
 def test_sizes_and_times_give_their_unit(argv, unit, capsys):
