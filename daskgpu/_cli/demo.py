@@ -110,8 +110,9 @@ def run(size=None, simulate=None, cluster=None, *, chunks=None, verbose=True) ->
 
             times = []
             for i in range(2):  # distinct keys, so the second pass really runs
-                name = f"saxpy-demo{i}"  # a prefix: map_kernel adds a token of the arguments
-                z = dg.map_kernel(saxpy, dg.Out(np.float32, like=x), a, x, y, name=name)
+                # A prefix, as da.map_blocks' token=: a hash of the arguments follows.
+                z = dg.map_kernel(saxpy, dg.Out(np.float32, like=x), a, x, y,
+                                  token=f"saxpy-demo{i}")
                 with get_task_stream(client) as ts:
                     t0 = time.perf_counter()
                     (z,) = client.persist([z])
