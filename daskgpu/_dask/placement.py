@@ -20,6 +20,7 @@ side of ``map_kernel`` and ``run_batch`` calls it, as does
 
 from __future__ import annotations
 
+import logging
 import threading
 
 from distributed.diagnostics.plugin import SchedulerPlugin
@@ -27,6 +28,8 @@ from distributed.diagnostics.plugin import SchedulerPlugin
 from daskgpu._bounded import BoundedCache
 
 __all__ = ["GPU", "GPUPlacement", "ensure_placement", "is_launch", "runs_launch"]
+
+logger = logging.getLogger("daskgpu")
 
 #: The resource a GPU worker offers, one per GPU.
 GPU = "GPU"
@@ -92,11 +95,24 @@ _lock = threading.Lock()
 
 
 def ensure_placement(client) -> None:
-    """Register :class:`GPUPlacement` on ``client``'s scheduler, once per scheduler."""
+    """Register :class:`GPUPlacement` on ``client``'s scheduler, once per scheduler.
+
+    A scheduler that cannot take it (one without daskgpu installed cannot
+    unpickle it, nor the launches) is tried once and named in one warning;
+    launches then keep only their ``resources`` annotation.
+    """
     address = client.scheduler.address
     if address in _registered:
         return
     with _lock:
-        if address not in _registered:
+        if address in _registered:
+            return
+        try:
             client.register_plugin(GPUPlacement(), name=GPUPlacement.name)
-            _registered.put(address, True)
+        except Exception as exc:
+            logger.warning(
+                "daskgpu: the scheduler at %s did not take the GPU placement plugin "
+                "(%s: %s); install daskgpu where the scheduler runs, or launches may land "
+                "on workers without a GPU when the graph is fused", address,
+                type(exc).__name__, exc)
+        _registered.put(address, True)

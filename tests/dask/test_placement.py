@@ -190,3 +190,25 @@ def test_daskgpu_batch_runs_on_a_simulated_cluster_started_by_hand(mixed_cluster
     import zarr
 
     np.testing.assert_array_equal(zarr.open_array(str(tmp_path / "z.zarr"))[:], 2 * x + 1)
+
+
+def test_a_scheduler_that_refuses_the_plugin_is_named_once(caplog):
+    import types
+
+    from daskgpu._dask.placement import ensure_placement
+
+    calls = []
+
+    def register_plugin(plugin, name=None):
+        calls.append(name)
+        raise RuntimeError("No module named 'daskgpu'")
+
+    client = types.SimpleNamespace(scheduler=types.SimpleNamespace(address="tcp://nowhere:1"),
+                                   register_plugin=register_plugin)
+    with caplog.at_level("WARNING", logger="daskgpu"):
+        ensure_placement(client)
+        ensure_placement(client)  # tried once per scheduler
+    assert calls == [GPUPlacement.name]
+    (record,) = caplog.records
+    assert "tcp://nowhere:1" in record.getMessage()
+    assert "install daskgpu where the scheduler runs" in record.getMessage()
