@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import types as pytypes
+import warnings
 
 import cloudpickle
 import numpy as np
@@ -125,7 +126,12 @@ def run_function(py_func, config, args, cc=None):
         for a in args
     ]
     kernel = FakeCUDAKernel(_simulable(py_func, {}), device=False)
-    with _launch_lock, _shared_limit(limits, cc, config.sharedmem, name):
+    with _launch_lock, _shared_limit(limits, cc, config.sharedmem, name), \
+            warnings.catch_warnings():
+        # A GPU's integer arithmetic wraps silently, and kernels rely on it
+        # (numba's xoroshiro128+ adds uint64s); numpy's scalars would warn. The
+        # filter is process-wide, but simulated launches hold the lock anyway.
+        warnings.filterwarnings("ignore", "overflow encountered", RuntimeWarning)
         kernel[grid, block, 0, config.sharedmem](*(copy for _, copy in staged))
     for a, copy in staged:
         if copy is not a and a.flags.writeable:

@@ -31,6 +31,12 @@ sys.path.insert(0, HERE)
 
 import kernel_refs  # noqa: E402
 
+# numba-cuda's own tests define kernels with debug=True and opt=True, and numba
+# warns about that option pair (its message starts with a color code) each time
+# one is rebuilt here as they defined it.
+pytestmark = pytest.mark.filterwarnings(
+    "ignore:.*debug=True with opt=True:numba.cuda.core.errors.NumbaInvalidConfigWarning")
+
 
 def _records():
     with gzip.open(MANIFEST, "rb") as f:

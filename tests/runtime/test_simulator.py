@@ -212,3 +212,20 @@ def test_simulate_module_helpers_copy_functions():
     assert copy.__code__ is apply_poly.py_func.__code__
     assert not isinstance(copy.__globals__["poly"], CUDADispatcher)
     assert isinstance(copy, pytypes.FunctionType)
+
+
+@dg.jit("void(uint64[::1], uint64[::1])")
+def _add_wrapping(out, x):
+    i = cuda.grid(1)
+    if i < out.size:
+        out[i] = x[i] + x[i]
+
+
+def test_integer_arithmetic_wraps_silently_as_on_a_gpu(simulate):
+    import warnings
+
+    x = np.array([2**63 + 5, 7], np.uint64)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # numpy's "overflow encountered" would raise here
+        out = _add_wrapping.forall(2)(np.zeros(2, np.uint64), x)
+    np.testing.assert_array_equal(out, np.array([10, 14], np.uint64))
