@@ -237,8 +237,7 @@ def bench_unavailable():
 
     It needs a CUDA GPU and CuPy: its baselines are what users write with them.
     """
-    from daskgpu._dask.cluster import short_reason
-    from daskgpu._runtime.gpu.driver import device_count
+    from daskgpu._runtime.gpu.driver import device_count, short_reason
 
     count, reason = device_count()
     if count == 0:

@@ -425,31 +425,16 @@ def resolve_devices(devices=None, simulate=None):
             return devices or visible, False
         if simulate is not None:
             raise DeviceError(
-                f"LocalGPUCluster(simulate=False) found no CUDA GPU ({short_reason(reason)})."
+                f"LocalGPUCluster(simulate=False) found no CUDA GPU ({reason})."
                 " Install the NVIDIA driver and check CUDA_VISIBLE_DEVICES, or pass "
                 "simulate=True to run kernels in Numba's CUDA simulator."
             )
-        why, level = f"no CUDA GPU: {short_reason(reason)}", logging.WARNING
+        why, level = f"no CUDA GPU: {reason}", logging.WARNING
     devices = devices or tuple(range(SIMULATED_WORKERS))
     # One short line: a newcomer without a GPU sees it on every start.
     logger.log(level, "LocalGPUCluster: %s; %d simulated workers run kernels in Numba's "
                "CUDA simulator", why, len(devices))
     return devices, True
-
-
-def short_reason(reason: str) -> str:
-    """Why there is no GPU, in a few words, without the driver loader's advice.
-
-    Examples
-    --------
-    >>> short_reason('DynamicLibNotFoundError: "cuda" is an NVIDIA driver library ...')
-    'libcuda not found'
-    >>> short_reason("the CUDA driver reports CUDA_ERROR_NO_DEVICE.")
-    'the CUDA driver reports CUDA_ERROR_NO_DEVICE'
-    """
-    if reason.startswith(("DynamicLibNotFoundError", "OSError: libcuda")):
-        return "libcuda not found"
-    return reason.rstrip(". ")
 
 
 def parse_devices(devices) -> tuple:
@@ -509,13 +494,13 @@ def visible_devices() -> tuple:
 
     Returns ``(devices, reason)``: ``devices`` as ``CUDA_VISIBLE_DEVICES``
     names them (its entries, else ordinals), empty without a GPU, when
-    ``reason`` says why. Counts with the driver API; imports no numba.
+    ``reason`` says why in a few words. Counts with the driver API; imports no numba.
     """
-    from daskgpu._runtime.gpu.driver import device_count
+    from daskgpu._runtime.gpu.driver import device_count, short_reason
 
     count, reason = device_count()
     if count == 0:
-        return (), reason
+        return (), short_reason(reason)
     env = os.environ.get("CUDA_VISIBLE_DEVICES")
     if env is None:
         return tuple(range(count)), ""

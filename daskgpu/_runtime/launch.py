@@ -8,7 +8,7 @@ runs is the backend's decision (:mod:`daskgpu._runtime.backend`).
 from __future__ import annotations
 
 from daskgpu._bounded import BoundedCache
-from daskgpu._errors import LaunchConfigError
+from daskgpu._errors import LaunchConfigError, PicklingError
 from daskgpu._image.array_info import Zeroed, array_info
 from daskgpu._image.launch_config import LaunchConfig
 from daskgpu._image.random_states import RandomStates
@@ -98,6 +98,12 @@ class Launch:
         return result
 
     def __reduce__(self):
+        if not self.kernel.images:
+            # A lazy kernel not yet compiled, submitted the Numba way. The arguments are
+            # not at hand here and workers cannot compile; failing inside Dask's pickling
+            # would bury the fix under its serialization errors, so the task carries a
+            # placeholder whose one error names the fix.
+            return Uncompiled, (self.kernel.__name__,)
         return Launch, (self.kernel, self.config)
 
     def __repr__(self):
@@ -106,6 +112,31 @@ class Launch:
     @property
     def __name__(self):  # Dask names tasks after their function
         return self.kernel.__name__
+
+
+class Uncompiled:
+    """What a launch of a kernel with no compiled signature pickles to: calling it raises
+    :class:`~daskgpu.PicklingError` naming ``specialize``, as workers cannot compile."""
+
+    __slots__ = ("name",)
+    daskgpu_launch = True
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def __call__(self, *args):
+        raise PicklingError(
+            f"kernel {self.name!r} was shipped with no compiled signature, and workers "
+            f"do not compile: specialize it on the client first, "
+            f"client.submit({self.name}.specialize(*args)[griddim, blockdim], *args), or "
+            f"give dg.jit a signature")
+
+    def __reduce__(self):
+        return Uncompiled, (self.name,)
+
+    @property
+    def __name__(self):
+        return self.name
 
 
 def _with_states(launch, args):

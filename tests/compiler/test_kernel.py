@@ -262,10 +262,19 @@ def test_eager_kernel_refuses_unknown_signature():
 
 
 def test_pickling_a_lazy_kernel_names_specialize():
+    with pytest.raises(dg.PicklingError, match=r"no compiled signature.*_store\.specialize\(\*args\)"):
+        pickle.dumps(dg.jit(_store))
+
+
+def test_a_lazy_kernels_launch_ships_a_placeholder_that_names_specialize():
+    # Pickling fails inside Dask's serialization, which buries the message; the launch
+    # pickles instead to a task whose one error says what to do.
     k = dg.jit(_store)
-    for obj in (k, k.configure(1, 1), k.forall(10)):
+    for launch in (k.configure(1, 1), k.forall(10)):
+        shipped = pickle.loads(pickle.dumps(launch))
+        assert shipped.__name__ == "_store"
         with pytest.raises(dg.PicklingError, match=r"no compiled signature.*_store\.specialize\(\*args\)"):
-            pickle.dumps(obj)
+            shipped(np.zeros(3, np.float32), np.float32(1))
 
 
 def test_calling_without_a_configuration():

@@ -71,3 +71,43 @@ def test_a_bad_setting_fails_a_worker_plugin_at_setup():
     with dask.config.set({"daskgpu.simulate": True, "daskgpu.pinned-pool-bytes": -5}):
         with pytest.raises(_config.ConfigError, match="'pinned-pool-bytes' is -5"):
             GPUWorkerPlugin().setup(worker=None)
+
+
+README_PATTERN = '''
+import dask.config, psutil
+import numpy as np
+from distributed import Client
+import daskgpu as dg
+from numba import cuda
+
+@dg.jit("void(float64[::1], float64[::1])")
+def add_one(x, out):
+    i = cuda.grid(1)
+    if i < x.size:
+        out[i] = x[i] + 1
+
+if __name__ == "__main__":
+    with dg.LocalGPUCluster(simulate=True) as cluster, Client(cluster) as client:
+        x = np.arange(8.0)
+        assert (client.submit(add_one.forall(8), x, np.zeros(8)).result() == x + 1).all()
+    print("simulate:", dask.config.get("daskgpu.simulate"))
+    left = [p.cmdline() for p in psutil.Process().children(recursive=True)
+            if "resource_tracker" not in " ".join(p.cmdline())]
+    print("processes:", left)
+'''
+
+
+def test_the_readme_cluster_pattern_closes_what_it_opens(tmp_path):
+    # In a fresh process, as a user's script: the nanny processes are gone at the block's
+    # end, the setting is as it was, and no worker had to be killed on the way out.
+    import subprocess
+    import sys
+
+    script = tmp_path / "pattern.py"
+    script.write_text(README_PATTERN)
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          timeout=180, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "simulate: False" in done.stdout
+    assert "processes: []" in done.stdout
+    assert "still alive" not in done.stderr and "killing" not in done.stderr, done.stderr

@@ -15,7 +15,7 @@ from cuda.core import Device
 
 from daskgpu import _config
 from daskgpu._image.launch_config import DeviceLimits
-from daskgpu._runtime.gpu.driver import check
+from daskgpu._runtime.gpu.driver import check, require_gpu
 
 
 @dataclass(frozen=True)
@@ -36,6 +36,7 @@ def current() -> DeviceState:
     """This thread's device, made current (cuda.core's current device is per thread)."""
     state = getattr(this_thread, "state", None)
     if state is None:
+        require_gpu()  # once per thread: a clear error instead of the driver loader's
         state = _state(Device().device_id)
         state.device.set_current()
         this_thread.state = state

@@ -13,7 +13,7 @@ import functools
 
 from cuda.bindings import driver
 
-from daskgpu._errors import ContextLostError, CUDAError
+from daskgpu._errors import ContextLostError, CUDAError, DeviceError
 
 # Errors after which the context is unusable for the rest of the process.
 STICKY_ERRORS = frozenset(
@@ -106,3 +106,31 @@ def device_count() -> tuple:
     if count == 0:
         return 0, "the CUDA driver reports no device"
     return count, ""
+
+
+def short_reason(reason: str) -> str:
+    """Why there is no GPU, in a few words, without the driver loader's advice.
+
+    Examples
+    --------
+    >>> short_reason('DynamicLibNotFoundError: "cuda" is an NVIDIA driver library ...')
+    'libcuda not found'
+    >>> short_reason("the CUDA driver reports CUDA_ERROR_NO_DEVICE.")
+    'the CUDA driver reports CUDA_ERROR_NO_DEVICE'
+    """
+    if reason.startswith(("DynamicLibNotFoundError", "OSError: libcuda")):
+        return "libcuda not found"
+    return reason.rstrip(". ")
+
+
+def require_gpu() -> None:
+    """Raise a one-line :class:`DeviceError` naming ``daskgpu.simulate`` when this process
+    has no usable GPU, before anything reaches for the driver (whose loader would raise
+    its own error, which does not mention the setting)."""
+    count, reason = device_count()
+    if count == 0:
+        raise DeviceError(
+            f"no CUDA GPU in this process ({short_reason(reason)}). Run on a GPU machine "
+            "(check the NVIDIA driver and CUDA_VISIBLE_DEVICES), or turn daskgpu.simulate "
+            "on to run kernels in Numba's CUDA simulator: dask.config.set("
+            "{'daskgpu.simulate': True}) or DASK_DASKGPU__SIMULATE=1")
