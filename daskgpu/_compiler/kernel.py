@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import sys
 import threading
 
 from daskgpu._compiler.compile import CompileOptions, compile_image
@@ -182,9 +183,7 @@ class Kernel(LaunchAPI):
         if with_function is None:
             with_function = backend.current().simulated
         if with_function:  # simulated workers run the Python function
-            import cloudpickle
-
-            blob = cloudpickle.dumps(self.py_func)
+            blob = function_blob(self.py_func)
             images = tuple(im.with_py_func(blob) for im in images)
         return PTXKernel(images)
 
@@ -199,6 +198,33 @@ class Kernel(LaunchAPI):
 
     def __repr__(self):
         return f"<daskgpu.Kernel {self.__name__} signatures={self.signatures}>"
+
+
+#: Serialises changes to cloudpickle's process-wide by-value registry.
+_BY_VALUE_LOCK = threading.Lock()
+
+
+def function_blob(fn) -> bytes:
+    """``fn`` pickled by value, with what it reaches in its own module.
+
+    cloudpickle pickles a function of an importable module by reference, and a
+    long-lived worker then runs its own copy of the module, imported before the
+    client's source was edited: stale code under the new image's hash.
+    """
+    import cloudpickle
+
+    module = sys.modules.get(fn.__module__)
+    if module is None or module.__name__ == "__main__":
+        return cloudpickle.dumps(fn)  # by value already
+    with _BY_VALUE_LOCK:
+        registered = module.__name__ in cloudpickle.list_registry_pickle_by_value()
+        if not registered:
+            cloudpickle.register_pickle_by_value(module)
+        try:
+            return cloudpickle.dumps(fn)
+        finally:
+            if not registered:
+                cloudpickle.unregister_pickle_by_value(module)
 
 
 def jit(signature_or_function=None, *, targets=(), fastmath=False, debug=False,

@@ -17,7 +17,9 @@ GPU refuses, the simulator refuses too, with the same
 
 from __future__ import annotations
 
+import builtins
 import contextlib
+import functools
 import threading
 import types as pytypes
 import warnings
@@ -107,8 +109,9 @@ def run_function(py_func, config, args, cc=None):
     if ntasks is not None:
         if 0 in ntasks:
             return  # forall over no tasks launches nothing, as in Numba
-        tpb = config.tpb or _FORALL_BLOCK
-        block = (min(tpb, max(ntasks[0], 1)),) + (1,) * (len(ntasks) - 1)
+        # Whole blocks, as a GPU launches them: the threads past ntasks run too, so a
+        # kernel's missing (or off-by-one) bounds check fails here as it would there.
+        block = (config.tpb or _FORALL_BLOCK,) + (1,) * (len(ntasks) - 1)
         grid = tuple(max(1, -(-n // b)) for n, b in zip(ntasks, block))
     else:
         grid, block = config.griddim, config.blockdim
@@ -214,31 +217,126 @@ def _fresh(arg: Zeroed):
 
 
 def _simulable(fn, done: dict):
-    """A copy of ``fn`` whose global device functions are simulator functions.
+    """A copy of ``fn`` that runs in the simulator wherever it reaches a device function.
 
     A real ``@cuda.jit(device=True)`` dispatcher cannot be called inside a
-    simulated kernel; its Python function can. The copy gets its own globals,
-    since the simulator swaps the ``cuda`` module inside them during a launch.
+    simulated kernel; its Python function can. The copy swaps the device
+    functions it reaches as globals, as module attributes (``core.helper``,
+    as stumpy writes it) and through its closure, and imports the simulator's
+    ``cuda`` where its body imports ``numba.cuda``, as Numba's own simulator
+    would. It gets its own globals and builtins (for that import).
     """
-    from numba.cuda.dispatcher import CUDADispatcher
-    from numba.cuda.simulator.kernel import FakeCUDAKernel
-
     if fn in done:
         return done[fn]
     new_globals = dict(fn.__globals__)
-    copy = pytypes.FunctionType(fn.__code__, new_globals, fn.__name__,
-                                fn.__defaults__, fn.__closure__)
+    new_globals["__builtins__"] = _SIMULATED_BUILTINS
+    closure = fn.__closure__
+    if closure is not None:
+        closure = tuple(_swapped_cell(cell, fn, done) for cell in closure)
+    copy = pytypes.FunctionType(fn.__code__, new_globals, fn.__name__, fn.__defaults__, closure)
     copy.__kwdefaults__ = fn.__kwdefaults__
     done[fn] = copy
     for name in fn.__code__.co_names:
-        value = new_globals.get(name)
-        if isinstance(value, CUDADispatcher):
-            new_globals[name] = FakeCUDAKernel(_simulable(value.py_func, done), device=True)
-        elif _is_cpu_dispatcher(value):
-            # numba.jit functions that kernels call (numba.cuda.random's) would
-            # be compiled for the CPU, which cannot take the simulator's arrays.
-            new_globals[name] = _simulable(value.py_func, done)
+        if name in new_globals:
+            new_globals[name] = _swapped(new_globals[name], fn, done)
     return copy
+
+
+def _swapped(value, fn, done):
+    """``value`` as a simulated kernel reaches it: device functions as simulator functions,
+    a module as a view whose device functions (among the names ``fn`` uses) are swapped."""
+    from numba import cuda
+    from numba.cuda.dispatcher import CUDADispatcher
+    from numba.cuda.simulator.kernel import FakeCUDAKernel
+
+    if isinstance(value, CUDADispatcher):
+        return FakeCUDAKernel(_simulable(value.py_func, done), device=True)
+    if _is_cpu_dispatcher(value):
+        # numba.jit functions that kernels call (numba.cuda.random's) would
+        # be compiled for the CPU, which cannot take the simulator's arrays.
+        return _simulable(value.py_func, done)
+    if value is cuda:  # a global, or a closure's (``from numba import cuda`` in a factory)
+        return _CUDA_VIEW
+    if not isinstance(value, pytypes.ModuleType):
+        return value
+    if value.__name__ == "numba":
+        return _NUMBA_VIEW  # ``numba.cuda.grid(1)``
+    key = ("module", id(value))
+    if key not in done:
+        done[key] = value
+        swaps = {}
+        for attr in fn.__code__.co_names:
+            member = getattr(value, attr, None)
+            if member is not None and (isinstance(member, (CUDADispatcher, pytypes.ModuleType))
+                                       or _is_cpu_dispatcher(member)):
+                swapped = _swapped(member, fn, done)
+                if swapped is not member:
+                    swaps[attr] = swapped
+        if swaps:
+            done[key] = _ModuleView(value, swaps)
+    return done[key]
+
+
+class _ModuleView(pytypes.ModuleType):
+    """A module as a simulated kernel sees it: some members replaced, the rest its own."""
+
+    def __init__(self, module, swaps):
+        super().__init__(module.__name__)
+        self.__dict__.update(swaps)
+        self._module = module
+
+    def __getattr__(self, name):  # only for names not swapped
+        return getattr(self._module, name)
+
+
+class _CudaView(pytypes.ModuleType):
+    """``numba.cuda`` inside a simulated kernel: the running launch's simulator module,
+    looked up at each use, as Numba swaps a kernel's global ``cuda`` during a launch."""
+
+    def __getattr__(self, name):
+        context, cuda, _ = _simulator_cuda()
+        return getattr(context() or cuda, name)
+
+
+class _NumbaView(pytypes.ModuleType):
+    """``numba`` inside a simulated kernel: its ``cuda`` is :data:`_CUDA_VIEW`."""
+
+    def __getattr__(self, name):
+        if name == "cuda":
+            return _CUDA_VIEW
+        return getattr(_simulator_cuda()[2], name)
+
+
+@functools.cache
+def _simulator_cuda():
+    """The simulator's launch context getter, ``numba.cuda`` and ``numba``, imported once."""
+    import numba
+    from numba import cuda
+    from numba.cuda.simulator.kernel import _get_kernel_context
+
+    return _get_kernel_context, cuda, numba
+
+
+def _import(name, globals=None, locals=None, fromlist=(), level=0):
+    # ``from numba import cuda``, ``import numba.cuda`` inside a simulated kernel's body.
+    if level == 0 and name in ("numba", "numba.cuda"):
+        builtins.__import__(name, globals, locals, fromlist, level)
+        return _CUDA_VIEW if name == "numba.cuda" and fromlist else _NUMBA_VIEW
+    return builtins.__import__(name, globals, locals, fromlist, level)
+
+
+def _swapped_cell(cell, fn, done):
+    try:
+        value = cell.cell_contents
+    except ValueError:  # not yet filled: a recursive closure
+        return cell
+    swapped = _swapped(value, fn, done)
+    return cell if swapped is value else pytypes.CellType(swapped)
+
+
+_CUDA_VIEW = _CudaView("numba.cuda")
+_NUMBA_VIEW = _NumbaView("numba")
+_SIMULATED_BUILTINS = {**vars(builtins), "__import__": _import}
 
 
 def _is_cpu_dispatcher(value) -> bool:

@@ -111,3 +111,46 @@ def test_the_readme_cluster_pattern_closes_what_it_opens(tmp_path):
     assert "simulate: False" in done.stdout
     assert "processes: []" in done.stdout
     assert "still alive" not in done.stderr and "killing" not in done.stderr, done.stderr
+
+
+KERNEL_MODULE = '''
+from numba import cuda
+import daskgpu as dg
+
+@cuda.jit(device=True)
+def value(i):
+    return {device}
+
+def fill(a):  # compiled by the caller: dg.jit(sig)(edited_kernel.fill), as batch does
+    i = cuda.grid(1)
+    if i < a.size:
+        a[i] = value(i) + {kernel}
+'''
+
+
+def test_a_long_lived_simulated_cluster_runs_the_edited_kernel(tmp_path, monkeypatch):
+    # The workers import the kernel's module once; after an edit the client ships the new
+    # image, and the workers must run its code, not their stale copy of the module.
+    import importlib
+    import sys
+
+    (tmp_path / "edited_kernel.py").write_text(KERNEL_MODULE.format(device="i", kernel="0.0"))
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))  # the workers can import it by name
+    monkeypatch.syspath_prepend(str(tmp_path))
+    module = importlib.import_module("edited_kernel")
+    try:
+        with dg.LocalGPUCluster(simulate=True, devices=[0]) as cluster, \
+                Client(cluster, set_as_default=False) as client:
+            x = np.zeros(4)
+            fill = dg.jit("void(float64[::1])")(module.fill)
+            first = client.submit(fill.forall(4), x).result()
+            np.testing.assert_array_equal(first, np.arange(4.0))
+            (tmp_path / "edited_kernel.py").write_text(
+                KERNEL_MODULE.format(device="2 * i", kernel="100.0"))
+            importlib.invalidate_caches()
+            module = importlib.reload(module)
+            fill = dg.jit("void(float64[::1])")(module.fill)
+            second = client.submit(fill.forall(4), x).result()
+            np.testing.assert_array_equal(second, 2 * np.arange(4.0) + 100)
+    finally:
+        sys.modules.pop("edited_kernel", None)

@@ -229,3 +229,77 @@ def test_integer_arithmetic_wraps_silently_as_on_a_gpu(simulate):
         warnings.simplefilter("error")  # numpy's "overflow encountered" would raise here
         out = _add_wrapping.forall(2)(np.zeros(2, np.uint64), x)
     np.testing.assert_array_equal(out, np.array([10, 14], np.uint64))
+
+
+# -- what Numba's simulator runs, this one runs ------------------------------------------
+
+@cuda.jit(device=True)
+def _triple(x):
+    return 3 * x
+
+
+# A module whose device function a kernel reaches as an attribute, as stumpy's core.
+sim_helpers = pytypes.ModuleType("sim_helpers")
+sim_helpers.triple = _triple
+
+
+@dg.jit("void(float64[::1])")
+def _triple_by_attribute(a):
+    i = cuda.grid(1)
+    if i < a.size:
+        a[i] = sim_helpers.triple(a[i])
+
+
+def test_a_device_function_reached_as_a_module_attribute(simulate):
+    a = _triple_by_attribute.forall(5)(np.arange(5.0))
+    np.testing.assert_array_equal(a, 3 * np.arange(5.0))
+
+
+def test_a_device_function_and_cuda_from_a_closure(simulate):
+    def make(offset):
+        from numba import cuda as local_cuda  # imported inside the factory
+
+        @local_cuda.jit(device=True)
+        def shift(x):
+            return x + offset
+
+        @dg.jit("void(float64[::1])")
+        def apply_shift(a):
+            i = local_cuda.grid(1)
+            if i < a.size:
+                a[i] = shift(a[i])
+        return apply_shift
+
+    a = make(2.0).forall(4)(np.zeros(4))
+    np.testing.assert_array_equal(a, 2.0)
+
+
+def _module_numba_cuda(a):
+    import numba  # noqa: F401  (numba.cuda.grid, as some kernels write it)
+
+    i = numba.cuda.grid(1)
+    if i < a.size:
+        a[i] = i
+
+
+def test_numba_cuda_reached_through_the_numba_module(simulate):
+    from daskgpu._image.launch_config import LaunchConfig
+    from daskgpu._runtime.simulator import run_function
+
+    a = np.zeros(6)
+    run_function(_module_numba_cuda, LaunchConfig(ntasks=6), [a])
+    np.testing.assert_array_equal(a, np.arange(6.0))
+
+
+@dg.jit("void(float64[::1])")
+def _off_by_one(a):
+    i = cuda.grid(1)
+    if i <= a.size:  # the bug: thread a.size writes past the end
+        a[i] = 1.0
+
+
+def test_a_forall_launches_whole_blocks_so_a_missing_bound_fails(simulate):
+    # On a GPU forall(3) runs a whole block; thread 3 writes out of bounds. One thread
+    # per element would hide it.
+    with pytest.raises(IndexError):
+        _off_by_one.forall(3)(np.zeros(3))
