@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import hashlib
+import hmac
 import os
+import secrets
+import stat
+import warnings
 
 from daskgpu._bounded import BoundedCache
-from daskgpu._files import atomic_write
+from daskgpu._files import atomic_write, open_regular, read_rest, write_new
 
 
 class ModuleCache(BoundedCache):
@@ -36,7 +40,8 @@ class ModuleCache(BoundedCache):
         """The entry for ``key``, calling ``build()`` once on a miss.
 
         Linking under the cache's lock keeps two threads from linking the same
-        kernel twice; links are rare and short.
+        kernel twice; links are rare and short. ``build`` must not touch files:
+        the disk cache is read and written outside the lock.
         """
         entry = self.lookup(key)
         if entry is not None:
@@ -48,12 +53,26 @@ class DiskCache:
     """Cubins on disk, keyed by image hash, compute capability and tool versions.
 
     The versions of the driver and nvJitLink are part of the key, so an upgrade
-    links afresh rather than loading a cubin an older toolchain made. Each
-    entry is a header (:data:`MAGIC`, the cubin's length and sha256) followed
-    by the cubin; :meth:`load` returns only an entry whose length and hash
-    match, so a torn, truncated or corrupt file (a crash mid-write, a partial
-    copy on a network filesystem, a bad disk) reads as missing: the caller
-    links afresh and :meth:`store` replaces it.
+    links afresh rather than loading a cubin an older toolchain made.
+
+    It loads only entries it can prove this user wrote. Before first use the
+    directory is made (mode 0700) and checked: owned by this user, and not
+    writable by group or others; otherwise the cache is off for this object,
+    with one warning, and kernels are linked in memory. Each entry is a header
+    (:data:`MAGIC`, the cubin's length and an HMAC-SHA256 of the entry's key
+    and cubin, keyed by a secret kept in the directory's :data:`SECRET` file,
+    mode 0600) followed by the cubin. :meth:`load` opens only regular files
+    that this user owns, without following links or blocking, refuses any over
+    :data:`MAX_ENTRY_BYTES` unread, and reads the rest of an entry only after
+    its header fits its size. A planted, torn, truncated or corrupt entry
+    reads as missing: the caller links afresh and :meth:`store` replaces it.
+    A store that fails (a full disk, a read-only directory) warns once and
+    is otherwise ignored: the cache never fails a launch.
+
+    Parameters
+    ----------
+    directory : str
+        Where the entries live (``daskgpu.cache-dir``); ``~`` is expanded.
 
     Examples
     --------
@@ -69,31 +88,37 @@ class DiskCache:
     """
 
     #: The first bytes of every entry: format name and version.
-    MAGIC = b"daskgpu-cubin-1\n"
+    MAGIC = b"daskgpu-cubin-2\n"
+    #: The largest entry read; a larger file at an entry's path is a miss, unread.
+    MAX_ENTRY_BYTES = 256 << 20
+    #: The file in the directory holding this user's secret for the entries' HMACs.
+    SECRET = "secret.key"
+    #: The bytes read for an entry's header: MAGIC, a length, 64 hex digits.
+    HEADER_BYTES = 128
 
     def __init__(self, directory: str):
         self.directory = os.path.abspath(os.path.expanduser(directory))
+        self._secret = None  # bytes once checked; False when the cache is off
+        self._warned = set()
 
     def path(self, image_hash: str, cc: tuple, versions: tuple) -> str:
-        key = hashlib.sha256(f"{image_hash}|{cc}|{versions}".encode()).hexdigest()
-        return os.path.join(self.directory, f"{key}.cubin")
+        """The file of the entry for this image, compute capability and tool versions."""
+        return os.path.join(self.directory, f"{_key(image_hash, cc, versions).hex()}.cubin")
 
     def load(self, image_hash, cc, versions) -> bytes | None:
-        """The stored cubin, or None when missing or damaged (then relink and store)."""
+        """The stored cubin, or None when missing, damaged or not ours (then relink and store)."""
+        secret = self._ready()
+        if not secret:
+            return None
         try:
-            with open(self.path(image_hash, cc, versions), "rb") as f:
-                data = f.read()
-        except OSError:
+            entry = self._read(self.path(image_hash, cc, versions))
+        except OSError:  # absent, a link, a FIFO, a device, too large, unreadable
             return None
-        if not data.startswith(self.MAGIC):
+        if entry is None:
             return None
-        header, sep, cubin = data[len(self.MAGIC):].partition(b"\n")
-        try:
-            size, digest = header.decode("ascii").split(" ")
-        except (UnicodeDecodeError, ValueError):
-            return None
-        if (not sep or size != str(len(cubin)) or not cubin.startswith(b"\x7fELF")
-                or hashlib.sha256(cubin).hexdigest() != digest):
+        mac, cubin = entry
+        expected = _mac(secret, _key(image_hash, cc, versions), cubin)
+        if not hmac.compare_digest(mac, expected) or not cubin.startswith(b"\x7fELF"):
             return None
         return cubin
 
@@ -101,9 +126,119 @@ class DiskCache:
         """Write an entry whole: a synced temporary sibling, renamed over the old one.
 
         Readers on other machines see the old entry or the new one; a reader
-        that sees neither whole (some network filesystems) fails the hash.
+        that sees neither whole (some network filesystems) fails the HMAC. A
+        write the filesystem refuses warns once per cache and is dropped.
         """
         cubin = bytes(cubin)
-        os.makedirs(self.directory, exist_ok=True)
-        header = self.MAGIC + f"{len(cubin)} {hashlib.sha256(cubin).hexdigest()}\n".encode()
-        atomic_write(self.path(image_hash, cc, versions), header + cubin)
+        secret = self._ready()
+        if not secret or len(cubin) > self.MAX_ENTRY_BYTES - self.HEADER_BYTES:
+            return
+        mac = _mac(secret, _key(image_hash, cc, versions), cubin)
+        header = self.MAGIC + f"{len(cubin)} {mac}\n".encode()
+        try:
+            atomic_write(self.path(image_hash, cc, versions), header + cubin, mode=0o600)
+        except OSError as exc:
+            self._warn("store", f"daskgpu could not store a linked kernel in its cubin cache "
+                                f"{self.directory!r} ({exc}); kernels that cannot be stored "
+                                "are linked again in each new process. Free space in or "
+                                "grant write access to that directory, or unset "
+                                "daskgpu.cache-dir.")
+
+    def _read(self, path: str):
+        """``(mac, cubin)`` of the entry file at ``path``, or None when it is not one of ours."""
+        with open_regular(path, self.MAX_ENTRY_BYTES, follow=False) as (fd, st):
+            if _foreign(st):
+                return None
+            head = os.read(fd, self.HEADER_BYTES)
+            if not head.startswith(self.MAGIC):
+                return None
+            line, sep, _ = head[len(self.MAGIC):].partition(b"\n")
+            try:
+                size, mac = line.decode("ascii").split(" ")
+                start = len(self.MAGIC) + len(line) + 1
+                if not sep or not size.isdigit() or start + int(size) != st.st_size:
+                    return None
+            except (UnicodeDecodeError, ValueError):
+                return None
+            os.lseek(fd, start, os.SEEK_SET)
+            cubin = read_rest(fd, int(size))
+        return (mac, cubin) if len(cubin) == int(size) else None
+
+    def _ready(self):
+        """This user's secret once the directory passed its checks; False when the cache is off."""
+        if self._secret is None:
+            problem = _directory_problem(self.directory)
+            secret = None
+            if problem is None:
+                secret, problem = self._load_secret()
+            if problem is not None:
+                self._warn("off", f"daskgpu's cubin cache {self.directory!r} is not used: "
+                                  f"{problem}. Kernels are linked in memory instead.")
+            self._secret = secret or False
+        return self._secret
+
+    def _load_secret(self) -> tuple:
+        """``(secret, None)``, made on first use, or ``(None, problem)``."""
+        path = os.path.join(self.directory, self.SECRET)
+        try:
+            try:
+                secret = _read_secret(path)
+            except FileNotFoundError:
+                write_new(path, secrets.token_bytes(32), mode=0o600)
+                secret = _read_secret(path)  # ours, or the one another process made first
+        except OSError as exc:
+            return None, (f"its secret {path!r} cannot be made or read ({exc}); make the "
+                          "directory writable, or set daskgpu.cache-dir to one you own")
+        if secret is None:
+            return None, (f"its secret {path!r} is not a private file of yours of 32 bytes "
+                          "(mode 0600); remove that file, and daskgpu makes a new one")
+        return secret, None
+
+    def _warn(self, kind: str, message: str) -> None:
+        if kind not in self._warned:
+            self._warned.add(kind)
+            warnings.warn(message, RuntimeWarning, stacklevel=3)
+
+
+def _key(image_hash, cc, versions) -> bytes:
+    return hashlib.sha256(f"{image_hash}|{cc}|{versions}".encode()).digest()
+
+
+def _mac(secret: bytes, key: bytes, cubin: bytes) -> str:
+    """The HMAC of an entry: it binds the cubin to its key, so entries cannot be swapped."""
+    return hmac.new(secret, DiskCache.MAGIC + key + cubin, hashlib.sha256).hexdigest()
+
+
+def _read_secret(path: str) -> bytes | None:
+    """The secret in ``path``; None when it is not 32 bytes that only this user may read."""
+    with open_regular(path, 64, follow=False) as (fd, st):
+        if _foreign(st) or st.st_mode & 0o077:
+            return None
+        secret = read_rest(fd, 64)
+    return secret if len(secret) == 32 else None
+
+
+def _foreign(st) -> bool:
+    """Whether a file or directory is someone else's, or others may write it."""
+    if not hasattr(os, "geteuid"):  # Windows: no POSIX owners or modes to check
+        return False
+    return st.st_uid != os.geteuid() or bool(st.st_mode & 0o022)
+
+
+def _directory_problem(directory: str) -> str | None:
+    """Why ``directory`` cannot hold trusted entries (making it 0700 if absent), or None."""
+    try:
+        os.makedirs(directory, mode=0o700, exist_ok=True)
+        st = os.stat(directory)
+    except OSError as exc:
+        return (f"it cannot be made ({exc}); set daskgpu.cache-dir to a directory you "
+                "own, or unset it")
+    if not stat.S_ISDIR(st.st_mode):
+        return "it is not a directory; set daskgpu.cache-dir to a directory, or unset it"
+    if _foreign(st) and st.st_uid != os.geteuid():
+        return (f"it is owned by uid {st.st_uid}, not by you (uid {os.geteuid()}), so its "
+                "owner could put GPU code in it; set daskgpu.cache-dir to a directory you own")
+    if _foreign(st):
+        return (f"group or others may write it (mode {oct(stat.S_IMODE(st.st_mode))}), so "
+                f"they could put GPU code in it; run chmod go-w {directory!r} (or chmod 700)")
+    return None

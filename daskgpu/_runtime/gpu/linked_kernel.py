@@ -20,6 +20,9 @@ from daskgpu._runtime.gpu.marshal import ParamLayout
 #: bounded by ``daskgpu.module-cache-size``.
 module_cache = ModuleCache(int(_config.get("module-cache-size", 256)))
 
+#: The on-disk cubin caches by directory (``daskgpu.cache-dir``), each checked once.
+disk_caches = BoundedCache(16, "cubin cache directories")
+
 #: Launch configurations whose checked grid and block a LinkedKernel keeps.
 DIMS_KEPT = 1024
 
@@ -120,28 +123,45 @@ class LinkedKernel:
 
 
 def linked(image, state) -> LinkedKernel:
-    """``image`` linked for ``state``'s device: from memory, disk, or the linker."""
+    """``image`` linked for ``state``'s device: from memory, disk, or the linker.
+
+    The disk cache is read before and written after the module cache's lock
+    is taken, so a slow or stuck filesystem holds up only this launch, never
+    every link in the process; a failed store costs only a later relink.
+    """
     key = (image.hash, state.id)
     kernel = module_cache.lookup(key)
     if kernel is not None:
         return kernel
+    disk = disk_cache()
+    versions = (driver_version(), nvjitlink_version()) if disk else None
+    stored = disk.load(image.hash, state.cc, versions) if disk else None
+    fresh = []
 
     def build():
-        versions = (driver_version(), nvjitlink_version())
-        cache_dir = _config.get("cache-dir")
-        disk = DiskCache(cache_dir) if cache_dir else None
-        cubin = disk.load(image.hash, state.cc, versions) if disk else None
-        if cubin is not None:
+        if stored is not None:
             try:
-                return LinkedKernel(image, state, cubin)
+                return LinkedKernel(image, state, stored)
             except Exception:  # a damaged cache file: link afresh and replace it
                 pass
-        cubin = link_cubin(image, state.cc)
-        if disk:
-            disk.store(image.hash, state.cc, versions, cubin)
-        return LinkedKernel(image, state, cubin)
+        fresh.append(link_cubin(image, state.cc))
+        return LinkedKernel(image, state, fresh[0])
 
-    return module_cache.get(key, build)
+    kernel = module_cache.get(key, build)
+    if disk and fresh:
+        disk.store(image.hash, state.cc, versions, fresh[0])
+    return kernel
+
+
+def disk_cache() -> DiskCache | None:
+    """The :class:`DiskCache` of ``daskgpu.cache-dir``, one per directory; None when unset.
+
+    Each directory is checked once per process, so a directory refused warns once.
+    """
+    directory = _config.get("cache-dir")
+    if not directory:
+        return None
+    return disk_caches.get(str(directory), lambda: DiskCache(str(directory)))
 
 
 def _read_int(dptr) -> int:
