@@ -52,7 +52,7 @@ _NOT_REBUILDABLE = frozenset({
 })
 
 
-def _compile_all(records):
+def _compile_all(records, progress=lambda done, total: None):
     import numba.cuda
 
     import daskgpu as dg
@@ -64,7 +64,8 @@ def _compile_all(records):
     cc = tuple(int(p) for p in str(_config.get("target-cc")).split("."))
     with kernel_refs.no_gpu_imports() as jit:
         rebuild = kernel_refs.Rebuilder(jit)
-        for r in records:
+        for done, r in enumerate(records):
+            progress(done, len(records))
             where = f"{r['module']}:{r['qualname']}{r['argtypes']}"
             try:
                 fn = rebuild.function(r["function"]) if r["function"] else None
@@ -96,6 +97,22 @@ def _compile_all(records):
     return counts, lost, pickles
 
 
+class _Progress:
+    """A line on the terminal every 30 s: the check takes minutes on a small machine."""
+
+    def __init__(self, capsys, start, every=30.0):
+        self.capsys, self.start, self.every = capsys, start, every
+        self.shown = start
+
+    def __call__(self, done, total):
+        now = time.perf_counter()
+        if now - self.shown >= self.every:
+            self.shown = now
+            with self.capsys.disabled():
+                print(f"\n[conformance] compiled {done} of {total} kernels, "
+                      f"{now - self.start:.0f} s", flush=True)
+
+
 _LOAD_WITHOUT_NUMBA = """
 import pickle, sys
 sys.modules["numba"] = None  # any import of numba, or of its test modules, fails
@@ -111,10 +128,10 @@ print(len(kernels))
 
 
 @pytest.mark.skipif(not os.path.exists(MANIFEST), reason="no kernels.pkl.gz recorded yet")
-def test_every_recorded_kernel_compiles_and_ships_ptx_only_with_no_driver():
+def test_every_recorded_kernel_compiles_and_ships_ptx_only_with_no_driver(capsys):
     start = time.perf_counter()
     records = _records()
-    counts, lost, pickles = _compile_all(records)
+    counts, lost, pickles = _compile_all(records, _Progress(capsys, start))
     proc = subprocess.run([sys.executable, "-c", _LOAD_WITHOUT_NUMBA], input=pickle.dumps(pickles),
                           capture_output=True, timeout=300)
     assert proc.returncode == 0, proc.stderr.decode()[-2000:]
