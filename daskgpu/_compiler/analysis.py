@@ -6,9 +6,14 @@ is tracked, and an argument counts as written when such a variable is stored
 into, passed to an atomic or a cache-hinted store, passed to a device function
 that writes that parameter, or passed to anything the analysis does not know
 to be read-only.
+
+:func:`grid_rank_hint` reads the grid rank before typing, from the bytecode:
+``map_kernel`` needs it to choose the array ranks it compiles a lazy kernel for.
 """
 
 from __future__ import annotations
+
+import dis
 
 from numba.cuda import types
 from numba.cuda.core import ir
@@ -51,6 +56,40 @@ def _grid_call(fn_type):
     if name in ("grid", "gridsize") and "cuda" in repr(key) + getattr(key, "__module__", ""):
         return name
     return None
+
+
+_GRID_NAMES = frozenset({"grid", "gridsize"})
+_LOADS = frozenset({"LOAD_ATTR", "LOAD_METHOD", "LOAD_GLOBAL", "LOAD_DEREF", "LOAD_FAST",
+                    "LOAD_NAME"})
+
+
+def grid_rank_hint(py_func) -> int | None:
+    """The highest ``n`` of the ``cuda.grid(n)`` / ``cuda.gridsize(n)`` calls in ``py_func``.
+
+    Read from its own bytecode, before any typing; None when it has none.
+
+    A hint only: calls inside device functions are not seen, and the typed
+    analysis (:func:`analyse`) has the last word.
+
+    Examples
+    --------
+    >>> from numba import cuda
+    >>> def k(x):
+    ...     i = cuda.grid(1)
+    >>> grid_rank_hint(k), grid_rank_hint(len)
+    (1, None)
+    """
+    code = getattr(py_func, "__code__", None)
+    if code is None:
+        return None
+    rank, previous = None, None
+    for ins in dis.get_instructions(code):
+        if (ins.opname == "LOAD_CONST" and isinstance(ins.argval, int) and previous is not None
+                and previous.opname in _LOADS and previous.argval in _GRID_NAMES):
+            rank = max(rank or 0, ins.argval)
+        if ins.opname not in ("PUSH_NULL", "CACHE"):
+            previous = ins
+    return rank
 
 
 class KernelAnalysis:

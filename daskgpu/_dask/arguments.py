@@ -6,7 +6,9 @@ with the chunks, or one per launch and optionally combined across chunks);
 every argument's kind (a dask array, an output, ``dg.offset``, random states,
 a whole array, a number) by the parameter type of
 :mod:`daskgpu._dask.chunk_params` it becomes; :mod:`daskgpu._dask.launch_plan`
-makes those parameters.
+makes those parameters. The ``map_blocks`` keywords that ``map_kernel`` takes
+(``dtype=``, ``meta=``, ``chunks=``) and those it refuses (``drop_axis=``,
+``new_axis=``) are checked here too.
 """
 
 from __future__ import annotations
@@ -26,10 +28,12 @@ from daskgpu._dask.chunk_params import (
     StatesParam,
     ValueParam,
     WholeParam,
+    is_cupy,
 )
 from daskgpu._image.random_states import RandomStates
 
-__all__ = ["Arg", "Out", "check_extras", "classify", "mapped_rank", "offset"]
+__all__ = ["Arg", "Out", "check_axis_changes", "check_chunks", "check_dtype", "check_extras",
+           "check_meta", "classify", "mapped_rank", "offset", "output_dtype", "resolve_outs"]
 
 
 class _Offset:
@@ -76,13 +80,16 @@ class Out:
 
     Parameters
     ----------
-    dtype : numpy dtype
-        Element type of the output. Required.
+    dtype : numpy dtype, optional
+        Element type of the output. Without it, the output takes
+        ``map_kernel``'s ``dtype=`` (or its ``meta=``'s dtype).
     like : array, optional
         Take the shape, and for a dask array also the chunks and the array type
         (NumPy or CuPy), from ``like``. It need not be an argument of the kernel.
     shape : tuple of int, optional
-        The shape, when there is no ``like``.
+        The shape, when there is no ``like``. Without ``like``, ``shape`` and
+        ``chunks``, an aligned output takes the shape of the mapped dask
+        arrays (broadcast together, as ``da.map_blocks`` shapes its output).
     chunks : optional
         Dask chunks (anything ``dask.array`` accepts). Default: ``like``'s
         chunks, else one chunk that takes the chunking of the arrays it is
@@ -99,6 +106,12 @@ class Out:
         a NumPy ufunc of two inputs (``np.add``, ``np.maximum``, ...), or a
         function ``f(a, b) -> array`` of two partials. Partials are NumPy, or
         CuPy (and stay on the device) when the chunks are CuPy.
+    axis : int or tuple of int, optional
+        With ``combine``: the mapped axes to combine along, as ``axis=`` of
+        ``da.reduction`` over the array of per-chunk outputs (shape
+        ``numblocks + per_chunk``). The result keeps the other mapped axes,
+        one element per block: shape ``numblocks`` without ``axis``, then
+        ``per_chunk``. Default: every mapped axis.
     fill : number, optional
         With ``per_chunk``: the value each launch's output starts from, which
         must fit ``dtype``. Default: the combine's identity (0 for ``"sum"``,
@@ -119,33 +132,33 @@ class Out:
     Out(int64, shape=(4, 6), chunks=((2, 2), (3, 3)))
     >>> dg.Out(np.int64, per_chunk=256, combine="sum")
     Out(int64, per_chunk=(256,), combine='sum', fill=0)
+    >>> dg.Out(np.float64)  # shaped like the mapped arrays
+    Out(float64, shape from map_kernel)
     """
 
-    __slots__ = ("dtype", "shape", "chunks", "meta", "per_chunk", "combine", "fill", "fold")
+    __slots__ = ("dtype", "shape", "chunks", "meta", "per_chunk", "combine", "fill", "fold",
+                 "axis", "pending")
 
     def __init__(self, dtype=None, like=None, shape=None, chunks=None, *, per_chunk=None,
-                 combine=None, fill=None):
+                 combine=None, fill=None, axis=None):
         import dask.array as da
         from dask.array.core import normalize_chunks
         from dask.array.utils import meta_from_array
 
-        if dtype is None:
-            raise TypeError(
-                "dg.Out needs a dtype: write dg.Out(np.float32, like=x) or "
-                "dg.Out(np.float32, shape=(n,), chunks=c)"
-            )
-        try:
-            self.dtype = np.dtype(dtype)
-        except TypeError as exc:
-            raise TypeError(f"dg.Out got dtype {dtype!r}, which numpy cannot read: {exc}") from None
-        self.meta = None
-        self.per_chunk = self.combine = self.fill = self.fold = None
-        if per_chunk is not None:
-            self._init_per_chunk(per_chunk, like, shape, chunks, combine, fill)
+        given = {"like": like, "shape": shape, "chunks": chunks, "per_chunk": per_chunk,
+                 "combine": combine, "fill": fill, "axis": axis}
+        self.dtype = None if dtype is None else _dtype(dtype)
+        self.shape = self.chunks = self.meta = self.pending = None
+        self.per_chunk = self.combine = self.fill = self.fold = self.axis = None
+        if dtype is None or all(v is None for v in given.values()):
+            self.pending = given  # completed by map_kernel: Out.resolve
             return
-        if combine is not None or fill is not None:
+        if per_chunk is not None:
+            self._init_per_chunk(per_chunk, like, shape, chunks, combine, fill, axis)
+            return
+        if combine is not None or fill is not None or axis is not None:
             raise TypeError(
-                "dg.Out(combine=..., fill=...) applies to per-chunk outputs: write "
+                "dg.Out(combine=..., fill=..., axis=...) applies to per-chunk outputs: write "
                 "dg.Out(dtype, per_chunk=shape, combine=..., fill=...)"
             )
         if like is not None:
@@ -162,7 +175,8 @@ class Out:
                 self.meta = meta_from_array(like._meta, len(like.shape), self.dtype)
         elif shape is None:
             raise TypeError(
-                "dg.Out needs like= (an array to copy shape and chunks from) or shape="
+                "dg.Out needs like= (an array to copy shape and chunks from) or shape= "
+                "with its chunks=; without all three it takes the mapped arrays' shape"
             )
         shape = (shape,) if isinstance(shape, Integral) else tuple(shape)
         if any(not isinstance(n, Integral) or n < 0 for n in shape):
@@ -179,7 +193,7 @@ class Out:
                 "dg.Out needs known chunk sizes; call x.compute_chunk_sizes() on `like` first"
             )
 
-    def _init_per_chunk(self, per_chunk, like, shape, chunks, combine, fill):
+    def _init_per_chunk(self, per_chunk, like, shape, chunks, combine, fill, axis):
         if like is not None or shape is not None or chunks is not None:
             raise TypeError(
                 "dg.Out(per_chunk=shape) takes no like=, shape= or chunks=: a per-chunk "
@@ -196,9 +210,39 @@ class Out:
         if combine is not None:
             self.fold = reduction.check_combine(combine)
             self.combine = combine
+        if axis is not None:
+            if combine is None:
+                raise TypeError(
+                    f"dg.Out(per_chunk=..., axis={axis!r}) needs combine=: axis= says along "
+                    "which mapped axes the per-chunk outputs are combined"
+                )
+            self.axis = reduction.check_axis(axis)
         if fill is None:
             fill = reduction.default_fill(combine, self.dtype)
         self.fill = reduction.check_fill(fill, self.dtype).item()
+
+    def resolve(self, dtype=None, shape=None, meta=None) -> Out:
+        """This output completed with ``map_kernel``'s ``dtype``, mapped ``shape`` and ``meta``.
+
+        An output that gave its own dtype keeps it; one without a shape takes
+        ``shape``; ``meta`` (an array of the output's type) applies where the
+        output has none of its own (from ``like=``).
+        """
+        out = self
+        if self.pending is not None:
+            given = dict(self.pending)
+            if not any(given[k] is not None for k in ("like", "shape", "chunks", "per_chunk")):
+                given["shape"] = shape
+            out = Out(self.dtype if self.dtype is not None else dtype, **given)
+        if meta is not None and out.meta is None and out.per_chunk is None:
+            from dask.array.utils import meta_from_array
+
+            done = Out.__new__(Out)
+            for slot in Out.__slots__:
+                setattr(done, slot, getattr(out, slot))
+            done.meta = meta_from_array(meta, len(out.shape), out.dtype)
+            out = done
+        return out
 
     @property
     def ndim(self) -> int:
@@ -207,16 +251,31 @@ class Out:
     def __dask_tokenize__(self):
         from dask.base import tokenize
 
+        if self.pending is not None:
+            return ("daskgpu.Out", None if self.dtype is None else self.dtype.str,
+                    tokenize(self.pending))
         meta = None if self.meta is None else type(self.meta).__module__
         return ("daskgpu.Out", self.dtype.str, self.shape, self.chunks, meta, self.per_chunk,
-                None if self.combine is None else tokenize(self.combine), self.fill)
+                None if self.combine is None else tokenize(self.combine), self.fill, self.axis)
 
     def __repr__(self):
+        if self.pending is not None:
+            dtype = "dtype from map_kernel" if self.dtype is None else self.dtype.name
+            given = ", ".join(f"{k}={v!r}" for k, v in self.pending.items() if v is not None)
+            return f"Out({dtype}, {given or 'shape from map_kernel'})"
         if self.per_chunk is not None:
             combine = "" if self.combine is None else f", combine={_combine_name(self.combine)}"
-            return (f"Out({self.dtype.name}, per_chunk={self.per_chunk}{combine}, "
+            axis = "" if self.axis is None else f", axis={self.axis}"
+            return (f"Out({self.dtype.name}, per_chunk={self.per_chunk}{combine}{axis}, "
                     f"fill={self.fill!r})")
         return f"Out({self.dtype.name}, shape={self.shape}, chunks={self.chunks})"
+
+
+def _dtype(dtype) -> np.dtype:
+    try:
+        return np.dtype(dtype)
+    except TypeError as exc:
+        raise TypeError(f"dg.Out got dtype {dtype!r}, which numpy cannot read: {exc}") from None
 
 
 def _combine_name(combine) -> str:
@@ -328,3 +387,132 @@ def check_extras(roles, ndim, depth):
             f"dg.random_states numbers the elements of maps of up to 3 dimensions; this "
             f"map is {ndim}-D. Reshape the arrays to at most 3 dimensions first"
         )
+
+
+# -- map_blocks' keywords -----------------------------------------------------
+
+def check_axis_changes(drop_axis, new_axis):
+    """Refuse ``drop_axis=`` / ``new_axis=``, saying what does that in ``map_kernel``."""
+    if drop_axis is not None:
+        raise ValueError(
+            f"map_kernel takes no drop_axis={drop_axis!r}: an aligned dg.Out has the mapped "
+            "chunks' axes, since each launch fills its chunk's elements. To reduce along "
+            "an axis, give a per-chunk output and combine it along that axis: "
+            "dg.Out(dtype, per_chunk=shape, combine='sum', axis=...)"
+        )
+    if new_axis is not None:
+        raise ValueError(
+            f"map_kernel takes no new_axis={new_axis!r}: an aligned dg.Out has the mapped "
+            "chunks' axes. For an output with axes of its own, one block per launch, use "
+            "dg.Out(dtype, per_chunk=shape): its axes follow the mapped ones"
+        )
+
+
+def output_dtype(dtype, meta):
+    """The outputs' dtype from ``map_kernel``'s ``dtype=``, else ``meta=``'s; None if neither."""
+    if meta is not None and not (isinstance(meta, np.ndarray) or is_cupy(meta)):
+        raise TypeError(
+            f"map_kernel(meta=...) takes a NumPy or CuPy array (as np.empty((0,), dtype)), "
+            f"got {type(meta).__name__}"
+        )
+    if dtype is not None:
+        try:
+            return np.dtype(dtype)
+        except TypeError as exc:
+            raise TypeError(f"map_kernel got dtype={dtype!r}, which numpy cannot read: "
+                            f"{exc}") from None
+    return None if meta is None else np.dtype(meta.dtype)
+
+
+def resolve_outs(args, dtype, meta) -> tuple:
+    """``args`` with every :class:`Out` completed: ``dtype``, the mapped shape and ``meta``."""
+    import dask.array as da
+
+    outs = [a for a in args if isinstance(a, Out)]
+    if not outs:
+        return args
+    shaped = [a.shape for a in args if isinstance(a, da.Array)]
+    shaped += [o.shape for o in outs if o.pending is None and o.per_chunk is None]
+    shape = _mapped_shape(shaped)
+    done = []
+    for a in args:
+        if isinstance(a, Out):
+            if a.pending is not None and dtype is None and a.dtype is None:
+                raise TypeError(
+                    f"map_kernel got {a!r} without a dtype; give it one, dg.Out(np.float32, "
+                    "...), or pass dtype= (or meta=) to map_kernel"
+                )
+            if (a.pending is not None and shape is None and not any(
+                    a.pending[k] is not None for k in ("like", "shape", "chunks", "per_chunk"))):
+                raise ValueError(
+                    f"map_kernel got {a!r} with no dask array to take its shape from; give "
+                    "it one: dg.Out(dtype, like=x) or dg.Out(dtype, shape=..., chunks=...)"
+                )
+            a = a.resolve(dtype, shape, meta)
+        done.append(a)
+    return tuple(done)
+
+
+def _mapped_shape(shapes):
+    """The shapes broadcast together, as the mapped arrays are; None for no shape."""
+    if not shapes:
+        return None
+    try:
+        return tuple(int(n) for n in np.broadcast_shapes(*shapes))
+    except ValueError:
+        return None  # _align reports arrays that do not broadcast, with their shapes
+
+
+def check_meta(meta, arrays):
+    """Refuse a NumPy ``meta=`` for CuPy chunks: their outputs are CuPy."""
+    import dask.array as da
+
+    if meta is None or is_cupy(meta):
+        return
+    for a in arrays:
+        if isinstance(a, da.Array) and is_cupy(a._meta):
+            raise ValueError(
+                "map_kernel got a NumPy meta= with CuPy chunks; outputs of CuPy chunks are "
+                "CuPy arrays. Give a CuPy meta (cupy.empty((0,), dtype)), or none"
+            )
+
+
+def check_dtype(kernel_name, returns, dtype):
+    """Refuse results whose dtype is not ``map_kernel``'s ``dtype=`` (``returns``: Results)."""
+    if dtype is None:
+        return
+    other = sorted({np.dtype(r.dtype).name for r in returns} - {dtype.name})
+    if other:
+        raise ValueError(
+            f"map_kernel got dtype={dtype.name}, but kernel {kernel_name!r} also returns "
+            f"{', '.join(other)} (an output that names its own dtype, or a dask input it "
+            "writes); drop dtype= or make the dtypes agree"
+        )
+
+
+def check_chunks(chunks, results, plan, returns):
+    """Check ``map_kernel``'s ``chunks=`` against the aligned results' chunks."""
+    from dask.array.core import normalize_chunks
+
+    many = isinstance(results, tuple)
+    aligned = [res for res, r in zip(results if many else (results,), returns)
+               if not isinstance(plan[r.index].param, PerChunkParam)]
+    if not aligned:
+        raise ValueError(
+            "map_kernel got chunks=, but returns only per-chunk outputs, whose shape per "
+            "launch is their per_chunk=; drop chunks="
+        )
+    for res in aligned:
+        try:
+            wanted = normalize_chunks(chunks, res.shape, dtype=res.dtype)
+        except (ValueError, TypeError) as exc:
+            raise ValueError(
+                f"map_kernel got chunks={chunks!r}, which do not fit its output of shape "
+                f"{res.shape}: {exc}"
+            ) from None
+        if wanted != res.chunks:
+            raise ValueError(
+                f"map_kernel got chunks={chunks!r}, but each launch fills one mapped chunk, "
+                f"so its output has chunks {res.chunks}. Rechunk the inputs (x.rechunk(...)), "
+                "or drop chunks="
+            )

@@ -1,11 +1,13 @@
 """The parameters of a :func:`~daskgpu.map_kernel` launch, one small type per kind.
 
 Each kernel parameter of a :class:`~daskgpu._dask.chunk_task.ChunkLaunch` is
-one of seven frozen types, plain data that pickles in a few bytes:
+one of these frozen types, plain data that pickles in a few bytes:
 
 =====================  ===========================================================
 :class:`ChunkParam`    the task's chunk of a dask array (a task argument)
+:class:`FlatChunkParam` the same, as a flat 1-D view, for a 1-D parameter
 :class:`OutParam`      an output aligned with the chunks, allocated per chunk
+:class:`FlatOutParam`  the same, allocated flat for a 1-D parameter
 :class:`WholeParam`    a NumPy or device array passed whole (a task argument)
 :class:`ValueParam`    a number (a task argument)
 :class:`OffsetParam`   one axis of the chunk's global start (``dg.offset``)
@@ -24,7 +26,7 @@ the whole array.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
@@ -34,9 +36,9 @@ from daskgpu._image.array_info import Zeroed
 from daskgpu._runtime.launch import unwrap
 
 __all__ = [
-    "ChunkContext", "ChunkParam", "ChunkPlaces", "OffsetParam", "OutParam", "PerChunkParam",
-    "StatesParam", "ValueParam", "WholeParam", "array_module", "fresh", "is_cupy",
-    "plain_dtype",
+    "ChunkContext", "ChunkParam", "ChunkPlaces", "FlatChunkParam", "FlatOutParam", "FlatView",
+    "OffsetParam", "OutParam", "PerChunkParam", "StatesParam", "ValueParam", "WholeParam",
+    "array_module", "flat_view", "fresh", "is_cupy", "plain_dtype",
 ]
 
 
@@ -140,7 +142,8 @@ class _Param:
     takes_value: ClassVar[bool] = False
 
     def __reduce__(self):
-        return type(self), tuple(getattr(self, name) for name in self.__slots__)
+        # The dataclass's fields, not __slots__: a subclass adds no slots of its own.
+        return type(self), tuple(getattr(self, f.name) for f in fields(self))
 
     def for_chunk(self, chunk: ChunkContext, value=None):
         """This parameter's kernel argument for ``chunk``.
@@ -205,6 +208,99 @@ class OutParam(_Param):
         if chunk.chain is not None and chunk.keep:
             return chunk.chain.zeros(chunk.shape, self.dtype, _order(self.layout))
         return fresh(chunk.xp, chunk.shape, self.dtype, self.layout, 0)
+
+
+@dataclass(frozen=True)
+class FlatChunkParam(ChunkParam):
+    """The task's chunk as a flat, C-ordered 1-D array: a rank-1 kernel over N-D chunks.
+
+    A chunk smaller than the launch (a broadcast one, of lower rank or with
+    axes of length 1) is broadcast to the launch's shape first, a copy, so
+    that element ``i`` of every flat argument is the same element of the
+    chunk, as a NumPy ufunc pairs them. A written chunk comes back in its
+    chunk's shape.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> chunk = ChunkContext((0, 0), (2, 2), (0, 0), np, backend=None)
+    >>> FlatChunkParam("C", written=False).for_chunk(chunk, np.array([10, 20]))
+    array([10, 20, 10, 20])
+    """
+
+    __slots__ = ()
+
+    def for_chunk(self, chunk: ChunkContext, value):
+        if chunk.chain is not None and not self.written:
+            if isinstance(value, np.ndarray):
+                return chunk.chain.to_device(self._flat(value, chunk))
+            return flat_view(value)  # an intermediate of the chain, already on the device
+        return self._flat(value, chunk)
+
+    def _flat(self, value, chunk):
+        xp = chunk.xp
+        if tuple(value.shape) != tuple(chunk.shape):
+            value = xp.broadcast_to(value, chunk.shape)
+        if self.written:  # never touch the user's chunk: dask may share it
+            return xp.array(value, order="C", copy=True).reshape(-1)
+        return xp.ascontiguousarray(value).reshape(-1)
+
+    def result(self, argument, chunk: ChunkContext):
+        return unwrap(argument).reshape(chunk.shape)
+
+
+@dataclass(frozen=True)
+class FlatOutParam(OutParam):
+    """An aligned output allocated flat (1-D, C order) and returned in the chunk's shape.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> chunk = ChunkContext((0, 0), (2, 3), (0, 0), np, backend=None)
+    >>> out = FlatOutParam("<f8", "C").for_chunk(chunk)
+    >>> out.array.shape, FlatOutParam("<f8", "C").result(out, chunk).shape
+    ((6,), (2, 3))
+    """
+
+    __slots__ = ()
+
+    def for_chunk(self, chunk: ChunkContext, value=None):
+        if chunk.chain is not None and chunk.keep:
+            # Kept on the device in the chunk's shape, for the chain's next launch.
+            return flat_view(chunk.chain.zeros(chunk.shape, self.dtype, "C"))
+        return fresh(chunk.xp, (math.prod(chunk.shape),), self.dtype, "C", 0)
+
+    def result(self, argument, chunk: ChunkContext):
+        if isinstance(argument, FlatView):
+            return argument.base
+        return unwrap(argument).reshape(chunk.shape)
+
+
+class FlatView:
+    """A flat 1-D view of a C-contiguous device array, through ``__cuda_array_interface__``.
+
+    For device arrays that have no ``reshape`` of their own (a fused task's
+    intermediates); ``base`` is the array seen.
+    """
+
+    __slots__ = ("base",)
+
+    def __init__(self, base):
+        self.base = base
+
+    @property
+    def __cuda_array_interface__(self) -> dict:
+        cai = dict(self.base.__cuda_array_interface__)
+        cai["shape"] = (math.prod(cai["shape"]),)
+        cai["strides"] = None
+        return cai
+
+
+def flat_view(value):
+    """``value``, a C-contiguous array, as 1-D: a NumPy or CuPy view, else a :class:`FlatView`."""
+    if hasattr(value, "reshape"):
+        return value.reshape(-1)
+    return FlatView(value)
 
 
 @dataclass(frozen=True)

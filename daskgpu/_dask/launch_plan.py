@@ -21,6 +21,8 @@ import numpy as np
 from daskgpu._bounded import BoundedCache
 from daskgpu._dask.chunk_params import (
     ChunkParam,
+    FlatChunkParam,
+    FlatOutParam,
     OffsetParam,
     OutParam,
     PerChunkParam,
@@ -30,11 +32,13 @@ from daskgpu._dask.chunk_params import (
     plain_dtype,
 )
 from daskgpu._dask.chunk_task import Fused
+from daskgpu._errors import CompileError
 from daskgpu._image.random_states import STATE_DTYPE
+from daskgpu._runtime import dispatch
 from daskgpu._runtime.ptx_kernel import PTXKernel
 
-__all__ = ["ChainLink", "Planned", "Result", "chains", "check_kernel", "fuse", "plan_params",
-           "select_image", "shipped"]
+__all__ = ["ChainLink", "Planned", "Result", "Selected", "chains", "check_kernel", "fuse",
+           "plan_params", "select_image", "shipped"]
 
 
 def check_kernel(kernel) -> None:
@@ -52,36 +56,102 @@ def check_kernel(kernel) -> None:
     )
 
 
-def select_image(kernel, roles, arrays, ndim, grid_ndim):
-    """The image that takes the chunks' types, and the rank of its launch grid."""
-    image = _select(kernel, _examples(roles, arrays, ndim))
-    rank = (image.grid_ndim or 1) if grid_ndim is None else operator.index(grid_ndim)
+class Selected(NamedTuple):
+    """The image a map runs, the rank of its launch grid, and whether it takes flat chunks."""
+
+    image: Any
+    rank: int
+    #: The kernel takes the N-D chunks as flat 1-D arrays (a rank-1 kernel over N-D chunks).
+    flat: bool
+
+
+def select_image(kernel, roles, arrays, ndim, grid_ndim) -> Selected:
+    """The image that takes the chunks' types, the rank of its grid, and the chunks' form.
+
+    Over N-D chunks a rank-1 kernel (``grid_ndim=1``, or ``cuda.grid(1)`` in
+    its code) sees its chunks and aligned outputs as flat 1-D arrays when it
+    takes 1-D arrays there (its signature says so, or a lazy kernel types with
+    them); one that indexes them in N-D (``x[i, j]``) gets them N-D. A lazy
+    kernel is compiled only where no image it has takes either form.
+    """
+    forms = _forms(kernel, ndim, grid_ndim)
+    candidates = [(flat, _examples(roles, arrays, ndim, flat)) for flat in forms]
+    image, flat = _compiled(kernel, candidates, grid_ndim)
+    if image is None:
+        image, flat = _compile(kernel, candidates, grid_ndim)
+    if flat:
+        rank = 1
+    elif grid_ndim is None:
+        rank = image.grid_ndim or 1
+    else:
+        rank = operator.index(grid_ndim)
     if rank not in (1, ndim) or not 1 <= rank <= 3:
         raise ValueError(
             f"kernel {kernel.__name__!r} launches a {rank}-D grid over {ndim}-D chunks; "
             f"map_kernel launches 1-D over the chunk's elements or {ndim}-D over its "
             "shape (up to 3-D). Pass grid_ndim=1 to index the chunk's flat elements."
         )
-    return image, rank
+    return Selected(image, rank, flat)
 
 
-def _select(kernel, examples):
-    try:
-        return kernel.select_image(examples)
-    except TypeError as exc:
-        raise TypeError(
-            "map_kernel passes each chunk as a C-contiguous array of its dask array's "
-            f"dtype and rank, and dg.offset as int64 (one per dimension).\n{exc}"
-        ) from None
+def _forms(kernel, ndim, grid_ndim) -> tuple:
+    """Which forms of the chunks to try, first one first: ``True`` for flat, ``False`` N-D."""
+    if ndim == 1 or grid_ndim not in (None, 1):
+        return (False,)
+    hint = grid_ndim
+    if hint is None and getattr(kernel, "py_func", None) is not None:
+        from daskgpu._compiler.analysis import grid_rank_hint  # client side: numba is here
+
+        hint = grid_rank_hint(kernel.py_func)
+    if hint is None:
+        return (False, True)
+    return (True, False) if hint == 1 else (False,)
 
 
-def _examples(roles, arrays, ndim):
-    """One argument per kernel parameter that has the chunk's type."""
+def _takes_flat(image, grid_ndim) -> bool:
+    """Whether ``image``, typed for flat chunks, is a rank-1 kernel."""
+    return grid_ndim == 1 or (image.grid_ndim or 1) == 1
+
+
+def _compiled(kernel, candidates, grid_ndim):
+    """An image the kernel already has for one of the candidates, compiling nothing."""
+    for flat, examples in candidates:
+        try:
+            image = dispatch.select_image(kernel.__name__, kernel.images, examples, unsafe=False)
+        except TypeError:
+            continue
+        if not flat or _takes_flat(image, grid_ndim):
+            return image, flat
+    return None, False
+
+
+def _compile(kernel, candidates, grid_ndim):
+    """The image for the first candidate the kernel takes (a lazy kernel compiles it)."""
+    first = None
+    for flat, examples in candidates:
+        try:
+            image = kernel.select_image(examples)
+        except (TypeError, CompileError) as exc:
+            first = first or exc
+            continue
+        if not flat or _takes_flat(image, grid_ndim):
+            return image, flat
+    if isinstance(first, CompileError):
+        raise first
+    raise TypeError(
+        "map_kernel passes each chunk as a C-contiguous array of its dask array's "
+        "dtype and rank (a rank-1 kernel over N-D chunks may take them flat, 1-D), and "
+        f"dg.offset as int64 (one per dimension).\n{first}"
+    ) from None
+
+
+def _examples(roles, arrays, ndim, flat=False):
+    """One argument per kernel parameter that has the chunk's type (1-D where ``flat``)."""
     out = []
     for kind, value in roles:
         if kind is ChunkParam or kind is OutParam:
             a = arrays[value]
-            rank = ndim if kind is OutParam else a.ndim
+            rank = 1 if flat else ndim if kind is OutParam else a.ndim
             out.append(np.empty((1,) * rank, dtype=a.dtype))
         elif kind is OffsetParam:
             out.extend([np.int64(0)] * ndim)
@@ -134,11 +204,13 @@ class Result(NamedTuple):
     dtype: np.dtype
 
 
-def plan_params(kernel_name, image, roles, arrays, out_chunks, simulate: bool):
+def plan_params(kernel_name, image, roles, arrays, out_chunks, simulate: bool, flat=False):
     """What each kernel parameter is per chunk, and which of them a task returns.
 
-    Returns ``(plan, returns)``: one :class:`Planned` per kernel parameter
-    (``dg.offset`` is one :class:`OffsetParam` per axis), and a
+    With ``flat``, chunks and aligned outputs are passed as flat 1-D arrays
+    (:class:`FlatChunkParam`, :class:`FlatOutParam`). Returns ``(plan,
+    returns)``: one :class:`Planned` per kernel parameter (``dg.offset`` is
+    one :class:`OffsetParam` per axis), and a
     :class:`Result` for each output, then for each dask input the kernel
     writes.
     """
@@ -154,12 +226,16 @@ def plan_params(kernel_name, image, roles, arrays, out_chunks, simulate: bool):
         spec, index = next(specs), len(plan)
         written = index in image.writes
         if kind is ChunkParam:
-            plan.append(Planned(ChunkParam(spec.layout, written), value))
+            if flat and written:
+                _check_flat_written(kernel_name, arrays[value], out_chunks)
+            param = (FlatChunkParam if flat else ChunkParam)(spec.layout, written)
+            plan.append(Planned(param, value))
             if written:
                 written_inputs.append(Result(index, arrays[value].dtype))
         elif kind is OutParam:
             dtype = arrays[value].dtype
-            plan.append(Planned(OutParam(plain_dtype(dtype), spec.layout), value))
+            param = (FlatOutParam if flat else OutParam)(plain_dtype(dtype), spec.layout)
+            plan.append(Planned(param, value))
             returns.append(Result(index, dtype))
         elif kind is PerChunkParam:
             param = PerChunkParam(plain_dtype(value.dtype), value.per_chunk, value.fill,
@@ -182,6 +258,18 @@ def plan_params(kernel_name, image, roles, arrays, out_chunks, simulate: bool):
             "dg.Out(dtype, like=x), or pass a dask array that the kernel writes"
         )
     return tuple(plan), tuple(returns)
+
+
+def _check_flat_written(kernel_name, array, out_chunks):
+    """A written input of a flat map must have the map's shape: it comes back in its own."""
+    shape = tuple(int(sum(c)) for c in out_chunks)
+    if tuple(array.shape) != shape:
+        raise ValueError(
+            f"kernel {kernel_name!r} writes a dask array of shape {tuple(array.shape)} that "
+            f"it sees flat, broadcast to the map's shape {shape}; broadcast elements share "
+            "memory, so it cannot come back. Broadcast it first (da.broadcast_to(x, "
+            f"{shape}).copy()), or write into a dg.Out instead"
+        )
 
 
 def _states_builder(simulate: bool):
@@ -260,7 +348,9 @@ def fuse(fn, task_args, plan, arrays, blocks, block_chunks):
             if (link is not None and link.of(a) and not param.written
                     and names.count(a.name) == 1 and blocks[source].name == a.name
                     and a.ndim == len(block_chunks) and a.chunks == block_chunks
-                    and (param.layout == "A" or (param.layout == "F") == (link.layout == "F"))):
+                    and (param.layout == "A" or (param.layout == "F") == (link.layout == "F"))
+                    # a flat view of an F-ordered intermediate would reorder it
+                    and not (isinstance(param, FlatChunkParam) and link.layout == "F")):
                 found.append((pos, link))
         if param.takes_value:
             pos += 1

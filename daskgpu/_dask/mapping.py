@@ -25,7 +25,19 @@ import numpy as np
 from daskgpu._bounded import BoundedCache
 from daskgpu._config import flag
 from daskgpu._dask import reduction
-from daskgpu._dask.arguments import Out, check_extras, classify, mapped_rank, offset
+from daskgpu._dask.arguments import (
+    Out,
+    check_axis_changes,
+    check_chunks,
+    check_dtype,
+    check_extras,
+    check_meta,
+    classify,
+    mapped_rank,
+    offset,
+    output_dtype,
+    resolve_outs,
+)
 from daskgpu._dask.chunk_params import ChunkParam, ChunkPlaces, OutParam, PerChunkParam, is_cupy
 from daskgpu._dask.chunk_task import ChunkLaunch, run_chunk
 from daskgpu._dask.launch_plan import (
@@ -109,7 +121,8 @@ def cluster_facts() -> ClusterFacts:
 # -- building the graph -------------------------------------------------------
 
 def map_kernel(kernel, *args, depth=None, boundary=None, tpb=0, name=None, grid_ndim=None,
-               split_every=None, token=None):
+               split_every=None, token=None, dtype=None, meta=None, chunks=None,
+               drop_axis=None, new_axis=None):
     """Launch ``kernel`` once per chunk of dask arrays; return its outputs lazily.
 
     Parameters
@@ -126,7 +139,9 @@ def map_kernel(kernel, *args, depth=None, boundary=None, tpb=0, name=None, grid_
           own chunk shape);
         - :class:`Out`: an output allocated per chunk on the worker, aligned
           with the chunks, or one per launch (``per_chunk=``), optionally
-          combined across chunks (``combine=``);
+          combined across chunks (``combine=``, along ``axis=``). ``dg.Out()``
+          without ``like=`` or ``shape=`` takes the mapped dask arrays' shape
+          (broadcast together); without a dtype, ``dtype=``;
         - :data:`offset`: the chunk's global start index, one ``int64`` per
           dimension;
         - :func:`random_states` ``(seed)``: the chunk's xoroshiro128+ states,
@@ -154,12 +169,36 @@ def map_kernel(kernel, *args, depth=None, boundary=None, tpb=0, name=None, grid_
         Launch rank. Default: the rank of the kernel's ``cuda.grid(n)`` /
         ``cuda.gridsize(n)`` calls, else 1. Rank 1 launches ``chunk.size``
         threads; rank 2 or 3 launches ``chunk.shape`` threads (axis 0 is x).
+        A rank-1 kernel over N-D chunks sees them flat, as 1-D C-ordered
+        arrays of the chunk's elements (broadcast to the chunk's shape; its
+        aligned outputs come back in that shape), where its signature takes
+        1-D arrays or, for a lazy kernel, where it compiles with them; one
+        that indexes N-D (``x[i, j]``) gets the N-D chunks. Flat chunks take
+        no ``depth``.
     token : str, optional
         The key prefix to use for the output array, as in ``da.map_blocks``.
         If not provided, the kernel's name.
     split_every : int or dict, optional
         For outputs with ``combine=``: how many partials one combine task
         folds, as in ``da.reduction`` (default: dask's ``split_every``).
+    dtype : numpy dtype, optional
+        As in ``da.map_blocks``, the output's dtype: outputs declared without
+        one (``dg.Out()``) take it, and any result of another dtype (an
+        output that names its own, or a written input) is refused.
+    meta : array, optional
+        As in ``da.map_blocks``, an empty array of the output's type: NumPy,
+        or CuPy to allocate the outputs with CuPy whatever the inputs. Its
+        dtype serves where ``dtype=`` is not given. CuPy chunks give CuPy
+        outputs, so a NumPy ``meta`` with them is refused.
+    chunks : tuple, optional
+        As in ``da.map_blocks``, the outputs' chunks. An aligned output has
+        the mapped chunks, so ``chunks=`` is checked against them (an error
+        names both when they differ); a launch cannot give another chunk
+        shape. For outputs of their own shape use ``dg.Out(per_chunk=...)``.
+    drop_axis, new_axis
+        Not supported, with an error that says why: an aligned output has the
+        mapped chunk's axes. A per-chunk output (``dg.Out(per_chunk=shape)``)
+        adds axes; combining it along ``axis=`` drops mapped axes.
 
     Returns
     -------
@@ -226,20 +265,45 @@ def map_kernel(kernel, *args, depth=None, boundary=None, tpb=0, name=None, grid_
     >>> with dask.config.set({"daskgpu.simulate": True}):
     ...     dg.map_kernel(hist, dg.Out(np.int64, per_chunk=4, combine="sum"), x).compute()
     array([3, 3, 2, 2])
+
+    The same over a 2-D array, summed along axis 1 only: one histogram per
+    block of rows (a ``cuda.grid(1)`` kernel sees the 2-D chunks flat):
+
+    >>> x = da.arange(24, chunks=6).reshape(4, 6).rechunk((2, 3))
+    >>> with dask.config.set({"daskgpu.simulate": True}):
+    ...     rows = dg.map_kernel(hist, dg.Out(np.int64, per_chunk=4, combine="sum", axis=1), x)
+    ...     rows.compute()
+    array([[3, 3, 3, 3],
+           [3, 3, 3, 3]])
+
+    ``dtype=`` as in ``da.map_blocks``, for an output shaped like the mapped
+    arrays:
+
+    >>> with dask.config.set({"daskgpu.simulate": True}):
+    ...     dg.map_kernel(saxpy, dg.Out(), np.float32(2), x, x, dtype=np.float32).compute()[0]
+    array([ 0.,  3.,  6.,  9., 12., 15.], dtype=float32)
     """
     check_kernel(kernel)
     if operator.index(tpb) < 0:
         raise ValueError(f"tpb must be 0 (automatic) or positive, got {tpb!r}")
+    check_axis_changes(drop_axis, new_axis)
+    dtype = output_dtype(dtype, meta)
+    args = resolve_outs(args, dtype, meta)
     roles, arrays = classify(args)
+    check_meta(meta, arrays)
     ndim = mapped_rank(arrays)
     check_extras(roles, ndim, depth)
-    image, rank = select_image(kernel, roles, arrays, ndim, grid_ndim)
+    image, rank, flat = select_image(kernel, roles, arrays, ndim, grid_ndim)
+    if flat:
+        _check_flat_halo(kernel.__name__, depth, ndim)
     cluster = cluster_facts()
     # Simulated workers run the Python function, whether or not this process simulates.
     simulate = backends.current().simulated or cluster.simulates
     ship = shipped(kernel, image, simulate)
     aligned, out_chunks = _align(arrays, ndim)
-    plan, returns = plan_params(kernel.__name__, image, roles, arrays, out_chunks, simulate)
+    plan, returns = plan_params(kernel.__name__, image, roles, arrays, out_chunks, simulate,
+                                flat)
+    check_dtype(kernel.__name__, returns, dtype)
     if name is None:  # as da.map_blocks: name= is the full key name, token= its prefix
         from dask.base import tokenize
 
@@ -249,7 +313,20 @@ def map_kernel(kernel, *args, depth=None, boundary=None, tpb=0, name=None, grid_
     results = _build_graph(ship, plan, returns, arrays, aligned, out_chunks, rank=rank,
                            tpb=int(tpb), depth=depth, boundary=boundary, name=name,
                            on_gpus=cluster.offers_gpu)
+    if chunks is not None:
+        check_chunks(chunks, results, plan, returns)
     return _combined(results, plan, returns, len(out_chunks), split_every, name)
+
+
+def _check_flat_halo(kernel_name, depth, ndim):
+    """Refuse halos for a kernel that sees N-D chunks flat: it cannot find its neighbours."""
+    if depth is not None and any(
+            depth.values() if isinstance(depth, dict) else np.atleast_1d(depth).tolist()):
+        raise ValueError(
+            f"kernel {kernel_name!r} indexes its {ndim}-D chunks flat (a rank-1 kernel), so "
+            f"it cannot find a halo's neighbours (depth={depth!r}); write it over cuda.grid("
+            f"{ndim}) with {ndim}-D arrays, or map without depth"
+        )
 
 
 def _align(arrays, ndim):
@@ -432,6 +509,7 @@ def _combined(results, plan, returns, ndim, split_every, name):
         param, out = plan[r.index]
         if isinstance(param, PerChunkParam) and out.fold is not None:
             result = reduction.combine_partials(result, ndim, out.fold, split_every,
-                                                name=f"{name}-combine{k}")
+                                                name=f"{name}-combine{k}",
+                                                axis=reduction.mapped_axes(out.axis, ndim))
         done.append(result)
     return tuple(done) if many else done[0]

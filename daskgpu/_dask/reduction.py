@@ -3,8 +3,9 @@
 A ``dg.Out(dtype, per_chunk=shape)`` gives each launch its own output of
 ``shape``; the launch task returns it with ``ndim`` leading axes of length 1,
 so the outputs form a dask array of shape ``numblocks + shape``. With
-``combine=``, that array is reduced over its leading axes by ``da.reduction``'s
-tree (``split_every`` partials per combine task), each step folding partials
+``combine=``, that array is reduced over its leading axes (or the mapped axes
+that ``axis=`` names, keeping the others) by ``da.reduction``'s tree
+(``split_every`` partials per combine task), each step folding partials
 pairwise with one binary function. Partials are whatever the launch made
 (NumPy, or CuPy when the chunks are CuPy), and the fold calls the function on
 them as they are, so CuPy partials stay on the device.
@@ -14,11 +15,12 @@ from __future__ import annotations
 
 import functools
 import warnings
-from numbers import Number
+from numbers import Integral, Number
 
 import numpy as np
 
-__all__ = ["COMBINES", "check_combine", "check_fill", "combine_partials", "default_fill"]
+__all__ = ["COMBINES", "check_axis", "check_combine", "check_fill", "combine_partials",
+           "default_fill", "mapped_axes"]
 
 #: The combines named by a string, and the ufuncs they stand for.
 COMBINES = {"sum": np.add, "prod": np.multiply, "min": np.minimum, "max": np.maximum}
@@ -49,6 +51,35 @@ def check_combine(combine):
         f"dg.Out(combine=...) takes 'sum', 'prod', 'min', 'max', a NumPy ufunc or a function "
         f"f(a, b) -> array, got {type(combine).__name__} {combine!r}"
     )
+
+
+def check_axis(axis) -> tuple:
+    """``dg.Out(axis=...)`` as a tuple of ints; TypeError for anything else."""
+    axes = (axis,) if isinstance(axis, Integral) else axis
+    if not isinstance(axes, (tuple, list)) or not all(isinstance(a, Integral) for a in axes):
+        raise TypeError(f"dg.Out(axis=...) takes an int or a tuple of ints, got {axis!r}")
+    return tuple(int(a) for a in axes)
+
+
+def mapped_axes(axis, ndim: int) -> tuple:
+    """``axis`` of a per-chunk output as sorted, non-negative axes of an ``ndim``-D map.
+
+    None means every mapped axis. Raises ValueError for an axis out of range or
+    given twice.
+
+    Examples
+    --------
+    >>> mapped_axes((-1,), 3), mapped_axes(None, 2)
+    ((2,), (0, 1))
+    """
+    if axis is None:
+        return tuple(range(ndim))
+    if any(not -ndim <= a < ndim for a in axis) or len({a % ndim for a in axis}) != len(axis):
+        raise ValueError(
+            f"dg.Out(axis={axis!r}) names mapped axes of this {ndim}-D map: give distinct "
+            f"axes in {-ndim}..{ndim - 1}"
+        )
+    return tuple(sorted(a % ndim for a in axis))
 
 
 def default_fill(combine, dtype: np.dtype):
@@ -104,34 +135,43 @@ def check_fill(fill, dtype: np.dtype):
     return value
 
 
-def _fold(partials, axis, keepdims, fn, shape, dtype):
+def _fold(partials, axis, keepdims, fn, dtype):
     """Fold the partials along ``axis`` pairwise with ``fn``; CuPy stays CuPy."""
-    lead = len(partials.shape) - len(shape)
-    flat = partials.reshape((-1,) + tuple(shape))
+    axis = tuple(sorted(axis))
+    kept = tuple(ax for ax in range(partials.ndim) if ax not in axis)
+    moved = partials.transpose(axis + kept)
+    rest = moved.shape[len(axis):]
+    flat = moved.reshape((-1,) + rest)
     result = functools.reduce(fn, (flat[i] for i in range(flat.shape[0])))
-    if getattr(result, "shape", None) != tuple(shape):
+    if getattr(result, "shape", None) != tuple(rest):
         raise ValueError(
             f"the combine {getattr(fn, '__name__', fn)!r} of per-chunk outputs of shape "
-            f"{tuple(shape)} returned {type(result).__name__} of shape "
+            f"{tuple(rest)} returned {type(result).__name__} of shape "
             f"{getattr(result, 'shape', None)}; it must return an array of the same shape"
         )
     if result.dtype != dtype:
         result = result.astype(dtype)
-    return result.reshape((1,) * lead + tuple(shape)) if keepdims else result
+    if keepdims:
+        return result.reshape(tuple(1 if ax in axis else n for ax, n in enumerate(partials.shape)))
+    return result
 
 
 def _as_partial(x, axis, keepdims):
     return x  # each block of the per-chunk array already is one partial
 
 
-def combine_partials(partials, ndim, fn, split_every=None, name=None):
-    """Reduce ``partials`` (shape ``numblocks + shape``) over its first ``ndim`` axes."""
+def combine_partials(partials, ndim, fn, split_every=None, name=None, axis=None):
+    """Reduce ``partials`` (shape ``numblocks + shape``) over mapped axes ``axis``.
+
+    ``axis``: sorted non-negative mapped axes (:func:`mapped_axes`); None for
+    all ``ndim`` of them. The other mapped axes stay, one element per block.
+    """
     import dask.array as da
 
-    shape = partials.shape[ndim:]
-    fold = functools.partial(_fold, fn=fn, shape=shape, dtype=partials.dtype)
+    fold = functools.partial(_fold, fn=fn, dtype=partials.dtype)
     return da.reduction(
-        partials, _as_partial, fold, combine=fold, axis=tuple(range(ndim)),
+        partials, _as_partial, fold, combine=fold,
+        axis=tuple(range(ndim)) if axis is None else tuple(axis),
         keepdims=False, dtype=partials.dtype, split_every=split_every, name=name,
         concatenate=True, meta=partials._meta,
     )

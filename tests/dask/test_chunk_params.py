@@ -14,6 +14,9 @@ from daskgpu._dask.chunk_params import (
     ChunkContext,
     ChunkParam,
     ChunkPlaces,
+    FlatChunkParam,
+    FlatOutParam,
+    FlatView,
     OffsetParam,
     OutParam,
     PerChunkParam,
@@ -59,7 +62,8 @@ def chunk(shape=(2, 3), start=(4, 6), block_id=(2, 2), backend=None, **kw):
 
 
 ALL = [ChunkParam("C", False), OutParam("<f4", "F"), WholeParam(True), ValueParam(),
-       OffsetParam(1), PerChunkParam("<i8", (4,), 7, "C"), StatesParam(3, (6, 1), None)]
+       OffsetParam(1), PerChunkParam("<i8", (4,), 7, "C"), StatesParam(3, (6, 1), None),
+       FlatChunkParam("C", True), FlatOutParam("<f8", "C")]
 
 
 # -- each kind, prepared for one chunk ---------------------------------------
@@ -103,6 +107,53 @@ def test_an_intermediate_output_of_a_chain_stays_on_the_device():
     assert chain.calls == [("zeros", (2, 3), "<f4", "C")]
     # The chain's last launch returns its output to the host as usual.
     assert isinstance(OutParam("<f4", "A").for_chunk(chunk(chain=chain)), Zeroed)
+
+
+class DeviceArray:
+    """A C-contiguous device array as a fused task's chain makes one: no reshape of its own."""
+
+    def __init__(self, shape):
+        self.__cuda_array_interface__ = {"shape": shape, "typestr": "<f8", "data": (4096, False),
+                                         "strides": None, "version": 3}
+
+
+def test_flat_chunks_are_c_ordered_views_of_the_launch_shape():
+    f = np.asfortranarray(np.arange(6.0).reshape(2, 3))
+    flat = FlatChunkParam("A", written=False).for_chunk(chunk(), f)
+    assert flat.shape == (6,) and np.array_equal(flat, f.ravel())
+    x = np.arange(6.0).reshape(2, 3)
+    got = FlatChunkParam("C", written=True).for_chunk(chunk(), x)
+    assert got.shape == (6,) and not np.shares_memory(got, x)
+    assert FlatChunkParam("C", written=True).result(got, chunk()).shape == (2, 3)
+
+
+def test_in_a_chain_flat_chunks_go_flat_and_intermediates_get_a_flat_view():
+    chain = RecordingChain()
+    f = np.asfortranarray(np.arange(6.0).reshape(2, 3))
+    where, host = FlatChunkParam("C", False).for_chunk(chunk(chain=chain), f)
+    assert where == "on the device" and host.shape == (6,) and np.array_equal(host, f.ravel())
+    middle = DeviceArray((2, 3))
+    view = FlatChunkParam("C", False).for_chunk(chunk(chain=chain), middle)
+    assert isinstance(view, FlatView) and view.base is middle
+    assert view.__cuda_array_interface__["shape"] == (6,)
+    assert view.__cuda_array_interface__["data"] == (4096, False)
+
+
+def test_a_flat_output_is_allocated_flat_and_returned_in_the_chunks_shape():
+    out = FlatOutParam("<f8", "A").for_chunk(chunk(shape=(2, 3)))
+    assert isinstance(out, Zeroed) and out.array.shape == (6,)
+    assert FlatOutParam("<f8", "A").result(out, chunk()).shape == (2, 3)
+
+    class Chain(RecordingChain):
+        def zeros(self, shape, dtype, order):
+            super().zeros(shape, dtype, order)
+            return DeviceArray(shape)
+
+    chain = Chain()
+    kept = FlatOutParam("<f8", "C").for_chunk(chunk(shape=(2, 3), chain=chain, keep=True))
+    assert chain.calls == [("zeros", (2, 3), "<f8", "C")]  # kept in the chunk's shape
+    assert kept.__cuda_array_interface__["shape"] == (6,)
+    assert FlatOutParam("<f8", "C").result(kept, chunk()) is kept.base
 
 
 def test_a_whole_array_is_copied_only_when_written():

@@ -427,11 +427,16 @@ def test_lazy_kernel_compiles_at_graph_build():
 
 # -- errors -------------------------------------------------------------------
 
-def test_out_without_dtype():
-    with pytest.raises(TypeError, match=r"dg.Out needs a dtype: write dg.Out\(np.float32"):
-        dg.Out(like=da.ones(3))
+def test_out_without_dtype_or_shape_is_completed_by_map_kernel(simulate):
+    # dg.Out() waits for map_kernel's dtype= and the mapped arrays' shape; with
+    # neither to give, map_kernel says so when the graph is built.
+    x = da.arange(6, chunks=3, dtype=np.float32)
+    with pytest.raises(TypeError, match=r"without a dtype; give it one.*or pass dtype="):
+        dg.map_kernel(saxpy, dg.Out(like=x), np.float32(1), x, x)
+    with pytest.raises(ValueError, match=r"no dask array to take its shape from"):
+        dg.map_kernel(global_index, dg.Out(np.int64), dg.offset)
     with pytest.raises(TypeError, match=r"needs like= \(an array to copy shape .*\) or shape="):
-        dg.Out(np.float32)
+        dg.Out(np.float32, chunks=3)
 
 
 def test_out_of_another_rank_is_refused(simulate):
