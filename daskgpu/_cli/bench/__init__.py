@@ -7,8 +7,8 @@ One module per group of sections (:mod:`~daskgpu._cli.bench.startup`,
 :mod:`~daskgpu._cli.bench.reductions`), what they share
 (:mod:`~daskgpu._cli.bench.common`), the kernels they run
 (:mod:`~daskgpu._cli.bench.kernels`), what runs in fresh processes
-(:mod:`~daskgpu._cli.bench.fresh`), and the command
-(:mod:`~daskgpu._cli.bench.command`).
+(:mod:`~daskgpu._cli.bench.fresh`), the command
+(:mod:`~daskgpu._cli.bench.command`) and its drawing (:mod:`~daskgpu._cli.bench.plot`).
 """
 
 

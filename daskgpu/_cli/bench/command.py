@@ -91,6 +91,9 @@ def main(argv=None) -> int:
     parser.add_argument("--json", metavar="PATH", help="also write the figures as JSON")
     parser.add_argument("--size", default="1GiB", type=parse_bytes, metavar="BYTES",
                         help="bytes of each mapped host array, e.g. 256MiB (default 1GiB)")
+    parser.add_argument("--plot", metavar="FILE",
+                        help="also draw the ratios into an image file (.png, .svg, .pdf); "
+                             "needs matplotlib (daskgpu[plot])")
     parser.add_argument("--threads-per-worker", type=int, default=2, metavar="N",
                         help="threads of each LocalGPUCluster worker (default 2)")
     args = parser.parse_args(argv)
@@ -106,4 +109,8 @@ def main(argv=None) -> int:
         if args.json:
             with open(args.json, "w") as f:
                 json.dump(rows, f, indent=2)
+    if args.plot:
+        from daskgpu._cli.bench.plot import plot
+
+        plot(rows, args.plot)
     return 0

@@ -232,6 +232,29 @@ def numba_chunk(x, y):
     return out
 
 
+#: The saxpy kernel as a RAPIDS user writes it for CuPy: CUDA C through ``cp.RawKernel``.
+SAXPY_CUDA_C = r"""
+extern "C" __global__ void saxpy(float* out, float a, const float* x, const float* y,
+                                 long long n) {
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = a * x[i] + y[i];
+}
+"""
+
+
+def cupy_chunk(x, y):
+    """On a worker: ``2 x + y`` of one CuPy chunk by a ``cp.RawKernel``, as RAPIDS users write it.
+
+    CuPy caches the compiled kernel by its source, per process and on disk.
+    """
+    import cupy as cp
+
+    kernel = cp.RawKernel(SAXPY_CUDA_C, "saxpy")
+    out = cp.empty_like(x)
+    kernel(((x.size + 255) // 256,), (256,), (out, np.float32(2.0), x, y, np.int64(x.size)))
+    return out
+
+
 def noop_chunk(x, *rest):
     """Dask's own per-chunk cost: a task that does nothing but hand back its chunk.
 
