@@ -7,8 +7,10 @@ rest of a cold start); there the settings come from the same YAML files and
 ``DASK_*`` environment variables that ``dask.config`` reads, collected the
 way dask collects them, so a value reads the same before and after
 ``import dask``. Every value goes through one parser per setting
-(:data:`SETTINGS`); a bad one raises :class:`ConfigError` naming the setting,
-the value and how to set it.
+(:data:`SETTINGS`), which checks ranges as well as types; a bad one raises
+:class:`ConfigError` naming the setting, the value (a secret's only by its
+type), what it must be and how to set it. ``bundle-key`` is off only when it
+is ``false``: None, null or empty is refused, never read as "no key".
 """
 
 from __future__ import annotations
@@ -26,6 +28,15 @@ from daskgpu._errors import ConfigError
 
 _MISSING = object()
 _FN = os.path.join(os.path.dirname(__file__), "daskgpu.yaml")
+
+#: The major versions of a compute capability that daskgpu reads.
+CC_MAJORS = range(3, 20)
+#: The largest size setting: 1 PiB, beyond any machine's memory, below size_t's range.
+MAX_SIZE = 1 << 50
+#: The most copy threads: more only contend for a GPU's few copy engines.
+MAX_COPY_THREADS = 256
+#: The most linked modules a worker keeps: a bound on nonsense, not on memory.
+MAX_MODULE_CACHE_SIZE = 1_000_000
 
 
 # -- parsers: raw value -> checked value; a ValueError's text says what is wanted -----
@@ -49,7 +60,9 @@ def parse_cc(value) -> tuple:
     """A compute capability from ``"8.0"``, ``80``, ``(8, 0)`` or ``"sm_80"``, as ``(8, 0)``.
 
     Raises ``ValueError`` saying what is wanted; the one reader of compute
-    capabilities, for settings and the compiler's ``targets=`` alike.
+    capabilities, for settings and the compiler's ``targets=`` alike. The
+    major version must be in :data:`CC_MAJORS` (GPUs so far are 3.0 to 12.x),
+    so that a slip such as ``"75.5"`` is caught here.
 
     Examples
     --------
@@ -60,8 +73,9 @@ def parse_cc(value) -> tuple:
         value = f"{value[0]}.{value[1]}"
     text = str(value).strip().lower().removeprefix("sm_").removeprefix("compute_")
     m = re.fullmatch(r"(\d{1,2})\.(\d)", text) or re.fullmatch(r"(\d{1,2})(\d)", text)
-    if m is None:
-        raise ValueError('it must be a compute capability "major.minor", e.g. "7.5" '
+    if m is None or int(m.group(1)) not in CC_MAJORS:
+        raise ValueError('it must be a compute capability "major.minor" with a major version '
+                         f'from {CC_MAJORS.start} to {CC_MAJORS.stop - 1}, e.g. "7.5" '
                          '(or "sm_75")')
     return int(m.group(1)), int(m.group(2))
 
@@ -71,55 +85,93 @@ def _cc(value):
     return f"{major}.{minor}"
 
 
-def _optional_path(value):
+def _cache_dir(value):
+    """A directory path, or None (no disk cache); refused where no directory can be."""
     if value is None or value == "" or value is False:
         return None
     if not isinstance(value, str | os.PathLike):
         raise ValueError("it must be a directory path, or null to turn it off")
-    return os.fspath(value)
+    path = os.fspath(value)
+    blocker = _first_non_directory(path)
+    if blocker == path:
+        raise ValueError("it names a file, not a directory; name a directory (it is created "
+                         "if missing), or null to turn the disk cache off")
+    if blocker is not None:
+        raise ValueError(f"{blocker!r} is a file, so no directory can be made below it")
+    return path
 
 
-def _optional_key(value):
-    if value is None or value == "":
+def _first_non_directory(path: str):
+    """``path``, or the parent of it that exists, when that is not a directory; else None."""
+    current = os.path.abspath(path)
+    while not os.path.lexists(current):
+        parent = os.path.dirname(current)
+        if parent == current:
+            return None
+        current = parent
+    if os.path.isdir(current):
         return None
-    if isinstance(value, bytes):
+    return path if current == os.path.abspath(path) else current
+
+
+def _bundle_key(value):
+    """The signing secret, or None when signing is explicitly off (``false``).
+
+    None, ``null``, ``~`` and empty values are refused, not read as "no key": a
+    secret that failed to arrive (``DASK_DASKGPU__BUNDLE_KEY=$UNSET``, a
+    template left empty, the text ``None``) must not turn signature checks off.
+    """
+    if value is False:
+        return None
+    if isinstance(value, str | bytes) and not _no_value(value):
         return value
-    if not isinstance(value, str):
-        raise ValueError("it must be a string (the secret key), or null")
-    return value
+    raise ValueError("it must be the secret key (a non-empty string), or false for no key; "
+                     "an empty value, None or null is refused so that a key that failed to "
+                     "arrive does not turn signature checks off")
 
 
-def _count(low):
+def _no_value(value) -> bool:
+    """Whether ``value`` is a spelling of nothing: None, empty, or the text none/null/~."""
+    if isinstance(value, bytes):
+        value = value.decode("utf-8", "replace")
+    return value is None or (isinstance(value, str)
+                             and value.strip().lower() in ("", "none", "null", "~"))
+
+
+def _count(low, high):
+    wanted = f"a whole number from {low} to {high}"
+
     def parse(value):
         if isinstance(value, bool) or not isinstance(value, int | str):
-            raise ValueError(f"it must be a whole number of at least {low}")
+            raise ValueError(f"it must be {wanted}")
         try:
             number = int(str(value).strip())
         except ValueError:
-            raise ValueError(f"it must be a whole number of at least {low}") from None
-        if number < low:
-            raise ValueError(f"it must be at least {low}")
+            raise ValueError(f"it must be {wanted}") from None
+        if not low <= number <= high:
+            raise ValueError(f"it must be {wanted}")
         return number
     return parse
 
 
 def _bytes(low):
+    wanted = f"a size from {low} to {MAX_SIZE} bytes (1 PiB)"
+
     def parse(value):
         if isinstance(value, bool) or not isinstance(value, int | float | str):
-            raise ValueError('it must be a size: bytes, or a string such as "8GiB"')
+            raise ValueError(f'it must be {wanted}: bytes, or a string such as "8GiB"')
         if isinstance(value, str):
             # Only a string needs dask's parser; plain numbers keep a bare worker dask-free.
             from dask.utils import parse_bytes
 
             try:
                 value = parse_bytes(value)
-            except ValueError:
-                raise ValueError('it must be a size: bytes, or a string such as "8GiB" '
-                                 'or "512 MB"') from None
+            except (ValueError, OverflowError):
+                raise ValueError(f'it must be {wanted}, such as "8GiB" or "512 MB"') from None
+        if not low <= value <= MAX_SIZE:  # before int(): inf and nan fail here
+            raise ValueError(f"it must be {wanted}")
         if value != int(value):
             raise ValueError("it must be a whole number of bytes")
-        if value < low:
-            raise ValueError(f"it must be at least {low} bytes")
         return int(value)
     return parse
 
@@ -128,17 +180,19 @@ def _bytes(low):
 SETTINGS = {
     "simulate": _bool,
     "target-cc": _cc,
-    "cache-dir": _optional_path,
-    "module-cache-size": _count(1),
-    "pinned-pool-bytes": _bytes(0),
+    "cache-dir": _cache_dir,
+    "module-cache-size": _count(1, MAX_MODULE_CACHE_SIZE),
+    "pinned-pool-bytes": _bytes(1),
     "pinned-slot-bytes": _bytes(1),
-    "copy-threads": _count(1),
+    "copy-threads": _count(1, MAX_COPY_THREADS),
     "pinned-output-bytes": _bytes(0),
     "pipeline-min-bytes": _bytes(0),
     "device-pool-bytes": _bytes(0),
     "fuse-chains": _bool,
-    "bundle-key": _optional_key,
+    "bundle-key": _bundle_key,
 }
+#: Settings whose values no message shows.
+SECRET_SETTINGS = frozenset({"bundle-key"})
 
 
 @functools.cache
@@ -171,6 +225,13 @@ def _raw(key: str):
             value = defaults()["daskgpu"].get(key, _MISSING)
         return value
     return _collected().get(key, defaults()["daskgpu"].get(key, _MISSING))
+
+
+def _shown(key: str, raw) -> str:
+    """``raw`` as a message shows it: a secret setting's value only by its type."""
+    if key in SECRET_SETTINGS and not _no_value(raw):
+        return f"a value of type {type(raw).__name__} (not shown: it may be a secret)"
+    return repr(raw)
 
 
 def _source(key: str) -> str:
@@ -206,18 +267,20 @@ def get(key: str, default=None):
     parse = SETTINGS.get(key)
     if parse is None:
         return raw
+    # Keyed by type too: False == 0 == 0.0 as dict keys, but 0 is no way to say "no key".
+    memo = (key, type(raw), raw)
     try:
-        return _parsed[key, raw]
+        return _parsed[memo]
     except (KeyError, TypeError):  # not seen yet, or unhashable
         pass
     try:
         value = parse(raw)
     except ValueError as exc:
-        raise ConfigError(f"daskgpu setting {key!r} is {raw!r}, which daskgpu cannot use: "
-                          f"{exc}; {_source(key)}") from None
+        raise ConfigError(f"daskgpu setting {key!r} is {_shown(key, raw)}, which daskgpu "
+                          f"cannot use: {exc}; {_source(key)}") from None
     try:
         if len(_parsed) < 1024:
-            _parsed[key, raw] = value
+            _parsed[memo] = value
     except TypeError:
         pass
     return value
@@ -260,7 +323,18 @@ def check() -> dict:
     >>> check()["module-cache-size"]
     256
     """
-    return {key: get(key) for key in SETTINGS}
+    values = {key: get(key) for key in SETTINGS}
+    _check_pinned_sizes(values["pinned-slot-bytes"], values["pinned-pool-bytes"])
+    return values
+
+
+def _check_pinned_sizes(slot: int, pool: int) -> None:
+    # The pinned pool is made of whole slots: one larger than the pool fails every copy.
+    if slot > pool:
+        raise ConfigError(
+            f"daskgpu setting 'pinned-slot-bytes' is {slot}, more than 'pinned-pool-bytes' "
+            f"({pool}), but the pool is made of whole slots: make the slot smaller or the "
+            f"pool larger; {_source('pinned-slot-bytes')}")
 
 
 def register() -> None:

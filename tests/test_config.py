@@ -16,13 +16,21 @@ _config.register()  # before dask.config.set, so the defaults outlive its blocks
 
 
 @pytest.mark.parametrize("key,value,message", [
-    ("module-cache-size", "abc", "whole number of at least 1"),
-    ("module-cache-size", 0, "at least 1"),
-    ("pinned-pool-bytes", -5, "at least 0 bytes"),
+    ("module-cache-size", "abc", "whole number from 1 to 1000000"),
+    ("module-cache-size", 0, "whole number from 1 to 1000000"),
+    ("module-cache-size", 10**9, "whole number from 1 to 1000000"),
+    ("pinned-pool-bytes", -5, r"a size from 1 to 1125899906842624 bytes \(1 PiB\)"),
     ("pinned-pool-bytes", "lots", "such as \"8GiB\""),
-    ("copy-threads", 2.5, "whole number"),
+    ("pinned-pool-bytes", 1e30, r"a size from 1 to 1125899906842624 bytes \(1 PiB\)"),
+    ("pinned-output-bytes", float("inf"), r"a size from 0 to 1125899906842624 bytes"),
+    ("device-pool-bytes", float("nan"), r"a size from 0 to 1125899906842624 bytes"),
+    ("pipeline-min-bytes", "1e999", r"a size from 0 to 1125899906842624 bytes"),
+    ("copy-threads", 2.5, "whole number from 1 to 256"),
+    ("copy-threads", 10**8, "whole number from 1 to 256"),
     ("simulate", "maybe", "true or false"),
     ("target-cc", "ampere", "major.minor"),
+    ("target-cc", "75.5", "major version from 3 to 19"),
+    ("target-cc", "1.0", "major version from 3 to 19"),
     ("cache-dir", 5, "directory path"),
 ])
 def test_a_bad_value_names_the_setting_the_value_and_the_fix(key, value, message):
@@ -34,6 +42,56 @@ def test_a_bad_value_names_the_setting_the_value_and_the_fix(key, value, message
     text = str(err.value)
     assert repr(key) in text and repr(value) in text
     assert "DASK_DASKGPU__" + key.upper().replace("-", "_") in text
+
+
+@pytest.mark.parametrize("value", ["7.5", "12.1", "sm_100", 90])
+def test_compute_capabilities_in_range_pass(value):
+    with dask.config.set({"daskgpu.target-cc": value}):
+        assert _config.get("target-cc") in ("7.5", "12.1", "10.0", "9.0")
+
+
+def test_a_cache_dir_naming_a_file_is_refused(tmp_path):
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    with dask.config.set({"daskgpu.cache-dir": str(afile)}):
+        with pytest.raises(ConfigError, match="names a file, not a directory"):
+            _config.check()
+    with dask.config.set({"daskgpu.cache-dir": str(afile / "cubins")}):
+        with pytest.raises(ConfigError, match=r"'.*afile' is a file, so no directory can be"):
+            _config.get("cache-dir")
+    missing = tmp_path / "not" / "yet"  # created when the cache first stores
+    with dask.config.set({"daskgpu.cache-dir": str(missing)}):
+        assert _config.get("cache-dir") == str(missing)
+
+
+def test_a_pinned_slot_larger_than_the_pool_is_refused():
+    with dask.config.set({"daskgpu.pinned-slot-bytes": "1GiB",
+                          "daskgpu.pinned-pool-bytes": "512MiB"}):
+        with pytest.raises(ConfigError, match=r"'pinned-slot-bytes' is 1073741824, more than "
+                                              r"'pinned-pool-bytes' \(536870912\)"):
+            _config.check()
+
+
+# -- the bundle key: only false means "no key" ---------------------------------------
+@pytest.mark.parametrize("value", [None, "None", "null", "NULL", "~", "", "  "])
+def test_a_bundle_key_that_is_no_value_is_refused(value):
+    with dask.config.set({"daskgpu.bundle-key": value}):
+        with pytest.raises(ConfigError, match="'bundle-key'.*or false for no key") as err:
+            _config.get("bundle-key")
+    assert "DASK_DASKGPU__BUNDLE_KEY" in str(err.value)
+
+
+def test_only_false_turns_the_bundle_key_off_and_a_refused_key_is_not_shown():
+    assert _config.get("bundle-key") is None  # the packaged default: false
+    with dask.config.set({"daskgpu.bundle-key": False}):
+        assert _config.get("bundle-key") is None
+    with dask.config.set({"daskgpu.bundle-key": "s3cret"}):
+        assert _config.get("bundle-key") == "s3cret"
+    for number in (0, 8675309):  # 0 == False as a dict key: the memo must not mix them
+        with dask.config.set({"daskgpu.bundle-key": number}):
+            with pytest.raises(ConfigError, match="value of type int") as err:
+                _config.get("bundle-key")
+        assert str(number) not in str(err.value).split("cannot use")[0]
 
 
 def test_sizes_take_dask_byte_strings():
@@ -88,3 +146,17 @@ def test_a_bad_environment_value_fails_the_same_way_without_dask(tmp_path):
     (tmp_path / "conf").mkdir()
     before, after = _probe(tmp_path, {"DASK_DASKGPU__PINNED_POOL_BYTES": "-5"})
     assert before == after and "'pinned-pool-bytes' is -5" in before
+
+
+@pytest.mark.parametrize("text", ["None", "null", ""])
+def test_a_bundle_key_variable_that_reads_as_none_is_refused_with_or_without_dask(
+        tmp_path, text):
+    (tmp_path / "conf").mkdir()
+    before, after = _probe(tmp_path, {"DASK_DASKGPU__BUNDLE_KEY": text})
+    assert before == after and "'bundle-key'" in before and "or false for no key" in before
+
+
+def test_a_bundle_key_variable_of_false_means_no_key(tmp_path):
+    (tmp_path / "conf").mkdir()
+    before, after = _probe(tmp_path, {"DASK_DASKGPU__BUNDLE_KEY": "false"})
+    assert before == after and before["bundle-key"] is None

@@ -5,9 +5,7 @@ from __future__ import annotations
 import json
 
 from daskgpu._cli.common import as_kernel, import_module, resolve
-from daskgpu._errors import BundleError, UsageError
-from daskgpu._files import open_regular
-from daskgpu._image.bundle import MAX_BYTES
+from daskgpu._errors import UsageError
 from daskgpu._image.ptx import ptx_isa_version
 
 
@@ -44,7 +42,6 @@ def cmd_compile(ns) -> int:
 def cmd_inspect(ns) -> int:
     from daskgpu._runtime.kernel_files import read
 
-    _check_regular(ns.bundle)
     kernel, info = read(ns.bundle)
     doc = {
         "path": info.path,
@@ -79,21 +76,6 @@ def cmd_inspect(ns) -> int:
         print("  built by   " + (", ".join(f"{k} {v}" for k, v in im["versions"].items()) or "-"))
         print(f"  hash       {im['hash']}")
     return 0
-
-
-def _check_regular(path: str) -> None:
-    """Refuse, without blocking, a bundle path that is a FIFO, a device or too large a file.
-
-    A plain open of a FIFO waits for a writer forever; reading ``/dev/zero``
-    never ends. A missing file or a directory is left to ``read``, which names it.
-    """
-    try:
-        with open_regular(path, MAX_BYTES):
-            pass
-    except (FileNotFoundError, IsADirectoryError):
-        return
-    except OSError as exc:
-        raise BundleError(f"cannot read a kernel bundle: {exc}") from None
 
 
 def _ptx_isa(text: str):

@@ -5,7 +5,13 @@ launch reads back; :func:`device_exception` turns the code it finds into the
 Python exception Numba would raise, from the exception table the client
 compiled into the image (:func:`exception_name` names the classes there).
 No Python function is needed on the worker, and nothing is imported to
-resolve a class.
+resolve a class. Only a class a kernel may raise resolves: a builtin of
+:data:`EXCEPTION_CLASSES`, or an ``Exception`` subclass from outside the packages a worker runs on
+(:data:`~daskgpu._image.bundle.RESERVED_PACKAGES`), none of whose bases is
+from those packages either; anything else becomes a
+:class:`~daskgpu._errors.DeviceError` naming it. A bundle naming such a class
+is refused when it loads; this is the same rule for images that arrive
+otherwise (pickled, or compiled here).
 
 Sticky CUDA errors are not handled here: the runtime raises them as
 :class:`~daskgpu._errors.ContextLostError` and does nothing else; the Dask
@@ -19,17 +25,13 @@ import sys
 import weakref
 
 from daskgpu._errors import DeviceError
+from daskgpu._image.bundle import BUILTIN_EXCEPTIONS, exception_name_refusal, reserved_module
 
 #: The builtin exception classes a kernel's exception table may name by bare
-#: name. Any other bare name (SystemExit, KeyboardInterrupt, ...) becomes a
-#: DeviceError that carries it: a bundle must not make a worker raise what
-#: stops a process.
-EXCEPTION_CLASSES = frozenset({
-    "ArithmeticError", "AssertionError", "AttributeError", "BufferError", "EOFError",
-    "Exception", "FloatingPointError", "IndexError", "KeyError", "LookupError",
-    "NotImplementedError", "OverflowError", "RuntimeError", "SystemError", "TypeError",
-    "UnicodeError", "ValueError", "ZeroDivisionError",
-})
+#: name. Any other bare name (SystemExit, KeyboardInterrupt, StopIteration, ...)
+#: becomes a DeviceError that carries it: a kernel must not make a worker raise
+#: what stops a process or ends a loop.
+EXCEPTION_CLASSES = BUILTIN_EXCEPTIONS
 
 # User exception classes of the kernels compiled in this process, by the name
 # the table gives them: a local launch raises the class itself even where it
@@ -49,12 +51,14 @@ def exception_name(cls: type) -> str:
 
 
 def _resolve(cls_name: str):
-    """The Exception subclass that ``cls_name`` names, else None.
+    """The exception class that ``cls_name`` names, if a kernel may raise it, else None.
 
     A ``module:qualname`` resolves from a module this process has already
     imported (nothing is imported: an image must not run code), or from the
-    kernels compiled here; BaseException-only classes never resolve.
+    kernels compiled here.
     """
+    if exception_name_refusal(cls_name) is not None:
+        return None
     if ":" in cls_name:
         cls = _COMPILED_CLASSES.get(cls_name)
         if cls is None:
@@ -62,11 +66,21 @@ def _resolve(cls_name: str):
             cls = sys.modules.get(module)
             for part in qualname.split("."):
                 cls = getattr(cls, part, None) if not part.startswith("<") else None
-    elif cls_name in EXCEPTION_CLASSES:
-        cls = getattr(builtins, cls_name, None)
     else:
-        cls = None
-    return cls if isinstance(cls, type) and issubclass(cls, Exception) else None
+        cls = getattr(builtins, cls_name, None)
+    return cls if _raisable(cls) else None
+
+
+def _raisable(cls) -> bool:
+    """Whether ``cls`` is an Exception subclass none of whose classes is reserved.
+
+    The bases count too: a user class derived from ``distributed.Reschedule``
+    reschedules its task just the same, and a name may re-export a class.
+    """
+    if not (isinstance(cls, type) and issubclass(cls, Exception)):
+        return False
+    return not any(base.__module__ != "builtins" and reserved_module(base.__module__)
+                   for base in cls.__mro__)
 
 
 def device_exception(image, code: int, tid, ctaid) -> BaseException:
@@ -74,9 +88,9 @@ def device_exception(image, code: int, tid, ctaid) -> BaseException:
 
     ``tid`` and ``ctaid`` are the reporting thread's ``(z, y, x)`` indices; the
     exception's class, arguments and source location come from the image's
-    exception table, so no Python function is needed on the worker. A user
-    class that cannot be resolved here (its module not imported in this
-    process) becomes a :class:`DeviceError` naming it.
+    exception table, so no Python function is needed on the worker. A class
+    that cannot be resolved here (its module not imported in this process),
+    or that a kernel may not raise, becomes a :class:`DeviceError` naming it.
     """
     entry = next((e for e in image.exceptions if e[0] == code), None)
     if entry is not None:

@@ -122,3 +122,50 @@ def test_a_user_class_survives_a_bundle(tmp_path):
     dg.save(k, tmp_path / "u.dgk")
     image = dg.load(tmp_path / "u.dgk").images[0]
     assert type(device_exception(image, image.exceptions[0][0], [0] * 3, [0] * 3)) is KernelError
+
+
+# -- only classes a kernel may raise: not what the worker's own stack acts on -------
+from distributed import Reschedule  # noqa: E402
+
+
+class RescheduleLike(Reschedule):
+    """A user class that distributed would still reschedule: its base counts."""
+
+
+def _raises_reschedule(a):
+    if cuda.grid(1) == 0:
+        raise Reschedule("again")
+
+
+def _with_table(name):
+    image = RAISING.images[0]
+    return image.__class__(**{**{f: getattr(image, f) for f in (
+        "name", "entry", "ptx", "args", "writes", "grid_ndim", "links", "options", "versions")},
+        "exceptions": ((1, name, ("boom",), None),)})
+
+
+@pytest.mark.parametrize("name", ["distributed:Reschedule", "distributed.exceptions:Reschedule",
+                                  "daskgpu._errors:ContextLostError",
+                                  f"{__name__}:RescheduleLike", f"{__name__}:Reschedule"])
+def test_classes_the_worker_acts_on_become_device_errors(name):
+    # Reschedule would have a failing debug kernel rescheduled forever; a subclass or a
+    # re-export of it (this module imports it) is the same class to distributed.
+    exc = device_exception(_with_table(name), 1, [0, 0, 0], [0, 0, 0])
+    assert type(exc) is dg.DeviceError
+    assert str(exc) == f"tid=[0, 0, 0] ctaid=[0, 0, 0]: {name.replace(':', '.')}: boom"
+
+
+def test_a_compiled_reschedule_is_a_device_error_and_cannot_be_saved(tmp_path):
+    k = dg.jit("void(float32[::1])", debug=True, opt=False)(_raises_reschedule)
+    image = k.images[0]
+    assert image.exceptions[0][1] == "distributed.exceptions:Reschedule"
+    exc = device_exception(image, image.exceptions[0][0], [0, 0, 0], [0, 0, 0])
+    assert type(exc) is dg.DeviceError and "distributed.exceptions.Reschedule: again" in str(exc)
+    with pytest.raises(dg.BundleError, match="may not raise the classes of 'distributed'"):
+        dg.save(k, tmp_path / "r.dgk")
+
+
+@pytest.mark.parametrize("name", ["StopIteration", "MemoryError", "SystemExit"])
+def test_builtins_beyond_the_allow_list_become_device_errors(name):
+    # StopIteration raised by a launch inside map() or a generator would end it silently.
+    assert type(device_exception(_with_table(name), 1, [0, 0, 0], [0, 0, 0])) is dg.DeviceError

@@ -17,21 +17,32 @@ of :func:`daskgpu.save`, or the ``daskgpu.bundle-key`` setting), a bundle also
 carries ``hmac-sha256`` over the same bytes, and with a key set a bundle whose
 HMAC is missing or does not match is refused, so only holders of the key can
 make a bundle that loads. Before anything is parsed, a file is bounded in size
-(:data:`MAX_BYTES`) and nesting depth (:data:`MAX_DEPTH`). Exception classes
-named in a bundle are only checked to be class names here; a worker resolves
-them from an allow-list of ordinary exception types
-(:data:`~daskgpu._runtime.faults.EXCEPTION_CLASSES`), or as ``module:qualname``
-from a module already imported, and only to ``Exception`` subclasses. The
+(:data:`MAX_BYTES`) and, in one pass linear in its size, in nesting depth
+(:data:`MAX_DEPTH`); whatever its bytes, a malformed file raises
+:class:`~daskgpu.BundleError` and nothing else. Exception classes named in a
+bundle are refused unless they are ordinary builtin exceptions
+(:data:`BUILTIN_EXCEPTIONS`), by bare name, or ``module:qualname`` outside the
+packages a worker runs on
+(:data:`RESERVED_PACKAGES`: ``distributed:Reschedule`` would reschedule a
+failing debug kernel forever); a worker resolves them only from modules
+already imported, and only to ``Exception`` subclasses. The
 Python function is never stored: a bundle is PTX-only even while
 ``daskgpu.simulate`` is on.
 
 Modules: :mod:`.document` (header, top-level fields, bounded parsing,
 serialization), :mod:`.images` (one image, field group by field group),
-:mod:`.integrity` (sha256 and HMAC), :mod:`.checks` (the field checks). Like
+:mod:`.integrity` (sha256 and HMAC), :mod:`.checks` (the field checks, and the
+exception classes a table may name). Like
 the rest of the image layer, nothing here imports numba, a GPU library or
 dask; the runtime's ``save``/``load`` turn kernels into bundles and back.
 """
 
+from daskgpu._image.bundle.checks import (
+    BUILTIN_EXCEPTIONS,
+    RESERVED_PACKAGES,
+    exception_name_refusal,
+    reserved_module,
+)
 from daskgpu._image.bundle.document import (
     FORMAT,
     MAX_BYTES,
@@ -47,9 +58,11 @@ from daskgpu._image.bundle.images import decode_image, encode_image
 from daskgpu._image.bundle.integrity import digest, signing_key
 
 __all__ = [
+    "BUILTIN_EXCEPTIONS",
     "FORMAT",
     "MAX_BYTES",
     "MAX_DEPTH",
+    "RESERVED_PACKAGES",
     "VERSION",
     "BundleInfo",
     "bundle_bytes",
@@ -58,6 +71,8 @@ __all__ = [
     "digest",
     "encode_bundle",
     "encode_image",
+    "exception_name_refusal",
     "read_bundle_bytes",
+    "reserved_module",
     "signing_key",
 ]

@@ -14,7 +14,13 @@ import binascii
 import re
 
 from daskgpu._errors import BundleError
-from daskgpu._image.bundle.checks import check_int, check_keys, check_pair, check_type
+from daskgpu._image.bundle.checks import (
+    check_exception_class,
+    check_int,
+    check_keys,
+    check_pair,
+    check_type,
+)
 from daskgpu._image.image import KernelImage, image_fields, image_from_fields
 
 IMAGE_KEYS = {"name", "entry", "ptx", "args", "writes", "grid_ndim", "links",
@@ -223,6 +229,7 @@ def _exception(item, what: str, path: str) -> tuple:
     cls = check_type(item[1], str, f"{what} class", path)
     if not _CLASS_RE.fullmatch(cls):
         raise BundleError(f"{path!r}: field {what} class {cls!r:.80} is not a class name")
+    check_exception_class(cls, f"{what} class", path)
     args = [check_type(a, (str, int, float, bool), f"{what} args", path)
             for a in check_type(item[2], list, f"{what} args", path)]
     return code, cls, tuple(args), _location(item[3], what, path)

@@ -59,7 +59,8 @@ def check_integrity(document: dict, path: str, secret) -> dict:
     Raises
     ------
     BundleError
-        When the hash is missing or does not match (corrupt), or, with a
+        When the hash is missing or does not match (corrupt), the HMAC field
+        is present but not 64 hex digits, a string is not valid Unicode, or, with a
         secret, the bundle is unsigned or its HMAC does not match (changed, or
         signed with another key).
     """
@@ -67,9 +68,10 @@ def check_integrity(document: dict, path: str, secret) -> dict:
     if not isinstance(expected, str) or not HEX64_RE.fullmatch(expected):
         raise BundleError(f"{path!r} has no valid 'sha256' integrity hash; it is corrupt. "
                           "Write it again with dg.save or daskgpu compile.")
+    check_signature_field(document, path)
     signature = document.get(HMAC_FIELD)
     content = {k: v for k, v in document.items() if k not in (DIGEST_FIELD, HMAC_FIELD)}
-    if digest(content) != expected:
+    if _digest_of_parsed(content, path) != expected:
         raise BundleError(
             f"{path!r} is corrupt: its content does not match its sha256 integrity hash. "
             "Write it again with dg.save or daskgpu compile."
@@ -87,6 +89,16 @@ def check_integrity(document: dict, path: str, secret) -> dict:
                 "with another key. Load only bundles signed with your key; write it again "
                 "with dg.save(kernel, path, key=...)")
     return content
+
+
+def _digest_of_parsed(content: dict, path: str) -> str:
+    try:
+        return digest(content)
+    except UnicodeEncodeError as exc:  # a lone surrogate escape such as \\ud800
+        raise BundleError(
+            f"{path!r} is not a daskgpu bundle: it holds a string that is not valid Unicode "
+            f"({exc.object[exc.start:exc.end]!r}: {exc.reason}). Bundles are written by "
+            "dg.save or daskgpu compile.") from None
 
 
 def check_signature_field(document: dict, path: str) -> None:
