@@ -4,6 +4,7 @@
 arguments here, loads the kernel (a ``.dgk`` bundle or MODULE:FUNCTION),
 connects to a scheduler or starts a local GPU cluster, and hands the job to
 :func:`daskgpu._dask.batch.run_batch`; the report's summary goes to stdout.
+A local cluster starts only when a chunk is left to compute.
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ import sys
 import numpy as np
 
 from daskgpu._cli.common import Parser, as_kernel, import_module, resolve
-from daskgpu._dask.batch import local_client as _local_client
 from daskgpu._dask.batch import run_batch
 from daskgpu._errors import (
     BatchError,
@@ -40,7 +40,11 @@ def _output(text):
     """
     path, sep, dtype = text.rpartition(":")
     spec = None
-    if sep and path and not any(c in dtype for c in "/\\"):
+    if sep and not path:
+        raise argparse.ArgumentTypeError(
+            f"--output {text!r} names no path before the colon; write PATH or PATH:DTYPE, "
+            "e.g. out.zarr:float32")
+    if sep and not any(c in dtype for c in "/\\"):
         try:
             spec = np.dtype(dtype) if dtype else None
         except (TypeError, ValueError):
@@ -69,13 +73,20 @@ def _devices(text):
 
 
 def _scalar(text):
-    """``3`` (int), ``2.5`` (float), or typed as ``float32:2.5``."""
+    """``3`` (int), ``2.5`` (float), or typed as ``float32:2.5``, within its type's range.
+
+    Examples
+    --------
+    >>> _scalar("int8:-5"), _scalar("bool:false")
+    (np.int8(-5), np.False_)
+    >>> _scalar("uint8:-1")
+    Traceback (most recent call last):
+    ...
+    argparse.ArgumentTypeError: scalar 'uint8:-1': -1 is out of range for uint8 (0 to 255)
+    """
     kind, sep, value = text.partition(":")
     if sep:
-        try:
-            return np.dtype(kind).type(value)
-        except (TypeError, ValueError) as exc:
-            raise argparse.ArgumentTypeError(f"cannot read scalar {text!r}: {exc}") from None
+        return _typed_scalar(text, kind, value.strip())
     for parse in (int, float):
         try:
             return parse(text)
@@ -83,6 +94,67 @@ def _scalar(text):
             pass
     raise argparse.ArgumentTypeError(f"cannot read scalar {text!r}; write 3, 2.5 or "
                                      "float32:2.5")
+
+
+def _typed_scalar(text, kind, value):
+    try:
+        dtype = np.dtype(kind)
+    except TypeError:
+        dtype = None
+    if dtype is None or dtype.kind not in "biufc":
+        raise argparse.ArgumentTypeError(
+            f"cannot read scalar {text!r}: {kind!r} is not a numeric dtype; write e.g. "
+            "float32:2.5, int8:-3 or bool:true")
+    if dtype.kind == "b":
+        words = {"true": True, "1": True, "false": False, "0": False}
+        if value.lower() not in words:
+            raise argparse.ArgumentTypeError(f"cannot read scalar {text!r}: a bool is true "
+                                             "or false")
+        return np.bool_(words[value.lower()])
+    if dtype.kind in "iu":
+        try:
+            number = int(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"cannot read scalar {text!r}: {dtype} takes a whole number") from None
+        info = np.iinfo(dtype)
+        if not info.min <= number <= info.max:
+            raise argparse.ArgumentTypeError(f"scalar {text!r}: {number} is out of range for "
+                                             f"{dtype} ({info.min} to {info.max})")
+        return dtype.type(number)
+    try:
+        parsed = (complex if dtype.kind == "c" else float)(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"cannot read scalar {text!r}: {dtype} takes a "
+                                         "number, e.g. 2.5") from None
+    with np.errstate(over="ignore"):
+        result = dtype.type(parsed)
+    if np.isinf(result) and not np.isinf(parsed):
+        raise argparse.ArgumentTypeError(
+            f"scalar {text!r}: {value} is out of range for {dtype} (at most "
+            f"{np.finfo(dtype).max} in magnitude)")
+    return result
+
+
+def _scheduler_file(text):
+    """``--scheduler-file``: a file that exists now; Dask would wait for it silently."""
+    if not os.path.isfile(text):
+        raise argparse.ArgumentTypeError(
+            f"no scheduler file {text!r}: start the scheduler first (dask scheduler "
+            "--scheduler-file PATH), or give its address with --scheduler")
+    return text
+
+
+def _order(text):
+    """``--order``: one word per kernel parameter, checked for its words here."""
+    from daskgpu._dask.batch import argument_order
+
+    words = [w.strip() for w in text.split(",")]
+    counts = [words.count(w) for w in ("out", "scalar", "in")]
+    try:
+        return argument_order(words, *counts)
+    except BatchError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _chunks(text):
@@ -109,10 +181,15 @@ def build_parser() -> argparse.ArgumentParser:
         prog="daskgpu batch",
         description="Run a kernel over stored arrays (zarr or .npy) and write its outputs "
                     "to zarr chunk by chunk, with progress, retries and resume. The kernel "
-                    "is called per chunk as kernel(*outputs, *scalars, *inputs).",
-        epilog="Exit status: 0 when every chunk is written, 1 when chunks failed, 2 for a "
-               "usage error (bad arguments, an input that cannot be read, an output that "
-               "overlaps an input or holds another job), 3 when chunks are left "
+                    "is called per chunk as kernel(*outputs, *scalars, *inputs), unless "
+                    "--order says otherwise. Before any cluster starts, the chunks written "
+                    "before are checked: a rerun with nothing left to compute starts none. "
+                    "One run at a time writes an output.",
+        epilog="Exit status: 0 when every chunk is written, 1 when chunks failed, another "
+               "run is writing the output or the scheduler was lost, 2 for a usage error "
+               "(bad arguments, an input that cannot be read, an output that overlaps an "
+               "input or holds another job, a kernel that does not take the arguments in "
+               "the order given), 3 when chunks are left "
                "(--max-chunks), 130 when interrupted. "
                "Rerun the same command to compute only the chunks not yet written.")
     parser.add_argument("kernel", metavar="KERNEL",
@@ -129,12 +206,19 @@ def build_parser() -> argparse.ArgumentParser:
                              "the first input's); repeatable, in order")
     parser.add_argument("--scalar", action="append", default=[], type=_scalar,
                         metavar="VALUE", help="3, 2.5 or float32:2.5; repeatable, in order")
+    parser.add_argument("--order", type=_order, metavar="WORD[,WORD...]",
+                        help="the kernel's parameters in order, one word per parameter: out "
+                             "(the next --output), in (the next --input) or scalar (the "
+                             "next --scalar); e.g. kernel(out, x, a) takes --order "
+                             "out,in,scalar (default: every output, every scalar, every "
+                             "input)")
     parser.add_argument("--chunks", type=_chunks, metavar="N[,N...]",
                         help="chunk shape (default: the first zarr input's chunks)")
     where = parser.add_mutually_exclusive_group()
     where.add_argument("--scheduler", metavar="ADDRESS",
                        help="run on this Dask scheduler (default: a local GPU cluster)")
-    where.add_argument("--scheduler-file", metavar="PATH", help="read the scheduler from a file")
+    where.add_argument("--scheduler-file", metavar="PATH", type=_scheduler_file,
+                       help="read the scheduler from a file")
     where.add_argument("--devices", metavar="LIST", type=_devices,
                        help="GPUs of the local cluster, e.g. 0,1 (default: all)")
     parser.add_argument("--retries", type=int, default=2, metavar="N",
@@ -201,8 +285,12 @@ def main(argv=None) -> int:
         return exc.code if isinstance(exc.code, int) else 0
     try:
         return _main(ns)
-    except (UsageError, BatchError, BundleError, ConfigError, LaunchConfigError) as exc:
-        # What the command line asked for cannot run as given: a usage error.
+    except BatchError as exc:
+        # Caused by an OSError (a busy output, a lost scheduler): the run failed;
+        # else the job cannot run as given: a usage error.
+        print(f"daskgpu batch: error: {exc}", file=sys.stderr)
+        return FAILED if isinstance(exc.__cause__, OSError) else 2
+    except (UsageError, BundleError, ConfigError, LaunchConfigError) as exc:
         print(f"daskgpu batch: error: {exc}", file=sys.stderr)
         return 2
     except (DaskGPUError, OSError) as exc:
@@ -224,12 +312,21 @@ def _main(ns) -> int:
             from distributed import Client
 
             client = stack.enter_context(Client(ns.scheduler, scheduler_file=ns.scheduler_file))
-        elif ns.devices:
-            client = _local_client(stack, ns.devices, ns.simulate)
-        report = run_batch(kernel, ns.input, ns.output, scalars=ns.scalar, chunks=ns.chunks,
-                           client=client, simulate=ns.simulate, retries=ns.retries,
-                           progress=ns.progress, resume=ns.resume, max_chunks=ns.max_chunks)
+            stack.callback(_quiet_if_lost, client)  # runs before the client closes
+        report = run_batch(kernel, ns.input, ns.output, scalars=ns.scalar, order=ns.order,
+                           chunks=ns.chunks, client=client, devices=ns.devices,
+                           simulate=ns.simulate, retries=ns.retries, progress=ns.progress,
+                           resume=ns.resume, max_chunks=ns.max_chunks)
     print(report.summary())
     if report.failed:
         return FAILED
     return 0 if report.complete else INCOMPLETE
+
+
+def _quiet_if_lost(client) -> None:
+    """Without a scheduler, closing the client logs its reconnection's traceback; the
+    run has already said, in one line, that the scheduler was lost."""
+    import logging
+
+    if client.status not in ("running", "newly-created"):
+        logging.getLogger("distributed.client").setLevel(logging.CRITICAL)

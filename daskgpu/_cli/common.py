@@ -105,6 +105,13 @@ def import_module(ref: str):
         raise UsageError(f"cannot import {ref!r}: {exc}") from None
     except Exception as exc:
         raise UsageError(f"importing {ref!r} failed: {type(exc).__name__}: {exc}") from None
+    except SystemExit as exc:  # else the command would end with the module's status
+        from daskgpu._errors import DaskGPUError
+
+        raise DaskGPUError(
+            f"importing {ref!r} exited (sys.exit({exc.code!r})) before the kernel was "
+            "defined; put the module's script part under `if __name__ == '__main__':`"
+        ) from None
 
 
 def resolve(module, attr: str, module_ref: str):

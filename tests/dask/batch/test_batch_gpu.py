@@ -17,7 +17,7 @@ from numba import cuda
 
 import daskgpu as dg
 from daskgpu._dask.batch import run_batch
-from daskgpu._dask.ledger import done_chunks
+from daskgpu._dask.batch.ledger import done_chunks
 
 pytestmark = pytest.mark.gpu
 zarr = pytest.importorskip("zarr")

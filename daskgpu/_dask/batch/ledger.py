@@ -9,9 +9,12 @@ stored chunk file. A rerun trusts a marker only while both still match, so a
 chunk whose input changed, or whose stored data went missing or was damaged,
 is computed again. Every file is written whole or not at all (a synced
 temporary file, renamed, then the directory synced), so a marker exists only
-for a chunk whose data is on disk. Reading the ledger, matching a rerun's job
-against the recorded one, and writing job and markers is all this module does;
-:mod:`daskgpu._dask.batch` decides what to compute.
+for a chunk whose data is on disk. ``job.json`` and every marker carry the job
+instance's nonce, drawn when the output was created: a marker with another
+nonce (written late by a run whose output was since recreated) is not trusted.
+Reading the ledger, matching a rerun's job against the recorded one, and
+writing job and markers is all this module does; :mod:`daskgpu._dask.batch.job`
+decides what to compute.
 """
 
 from __future__ import annotations
@@ -24,13 +27,17 @@ import re
 from daskgpu._errors import LedgerError
 from daskgpu._files import atomic_write, fsync
 
-__all__ = ["JOB", "LEDGER", "LedgerError", "block_digest", "done_chunks", "file_digest",
-           "forget", "read_job", "read_marker", "record", "remove_temporaries", "start"]
+__all__ = ["INSTANCE_KEYS", "JOB", "LEDGER", "LedgerError", "block_digest", "done_chunks",
+           "file_digest", "forget", "job_differences", "read_job", "read_marker", "record",
+           "remove_temporaries", "start", "tidy"]
 
 #: The ledger directory inside each output zarr array.
 LEDGER = ".daskgpu-done"
 JOB = "job.json"
 _MARKER_RE = re.compile(r"\d+(\.\d+)*")
+#: Keys of ``job.json`` that describe this instance of the job, not what it computes:
+#: its nonce and the output's zarr metadata as created.
+INSTANCE_KEYS = frozenset({"nonce", "zarr"})
 
 
 def marker_name(block_id) -> str:
@@ -46,12 +53,53 @@ def done_chunks(path, ndim=None) -> set:
     >>> done_chunks(tempfile.mkdtemp())
     set()
     """
-    try:
-        names = os.listdir(os.path.join(os.fspath(path), LEDGER))
-    except FileNotFoundError:
-        return set()
-    chunks = {tuple(int(p) for p in n.split(".")) for n in names if _MARKER_RE.fullmatch(n)}
+    chunks = {chunk for chunk, is_file in _entries(path) if is_file}
     return chunks if ndim is None else {c for c in chunks if len(c) == ndim}
+
+
+def _entries(path):
+    """``(chunk, is a regular file)`` for each marker-named entry of ``path``'s ledger."""
+    try:
+        with os.scandir(os.path.join(os.fspath(path), LEDGER)) as it:
+            entries = [(e.name, e.is_file(follow_symlinks=False)) for e in it]
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    return [(tuple(int(p) for p in name.split(".")), is_file) for name, is_file in entries
+            if _MARKER_RE.fullmatch(name)]
+
+
+def tidy(path, numblocks) -> int:
+    """Remove what is not a marker of the grid ``numblocks`` from ``path``'s ledger; how many.
+
+    A stray marker (``999`` in a grid of 10 chunks) or a directory where a
+    marker belongs was not written by a run: left in place it would be counted
+    as done, or block the marker's write forever. Call it only while holding
+    the output's lock.
+
+    Examples
+    --------
+    >>> import os, tempfile
+    >>> out = tempfile.mkdtemp()
+    >>> os.makedirs(os.path.join(out, LEDGER, "3"))
+    >>> open(os.path.join(out, LEDGER, "999"), "w").close()
+    >>> tidy(out, (10,)), done_chunks(out)
+    (2, set())
+    """
+    import shutil
+
+    removed = 0
+    for chunk, is_file in _entries(path):
+        in_grid = len(chunk) == len(numblocks) and all(
+            0 <= c < n for c, n in zip(chunk, numblocks))
+        if in_grid and is_file:
+            continue
+        entry = os.path.join(os.fspath(path), LEDGER, marker_name(chunk))
+        if is_file or os.path.islink(entry):
+            os.unlink(entry)
+        else:
+            shutil.rmtree(entry, ignore_errors=True)
+        removed += 1
+    return removed
 
 
 def read_job(path):
@@ -68,15 +116,15 @@ def read_job(path):
             job = json.load(f)
     except FileNotFoundError:
         return None
-    except (UnicodeDecodeError, ValueError) as exc:
+    except (UnicodeDecodeError, ValueError, IsADirectoryError, NotADirectoryError) as exc:
         raise LedgerError(
             f"the batch ledger file {job_file!r} is damaged ({exc}), so what the output "
-            "holds is unknown; remove the output directory and run again, or choose "
-            "another output") from None
+            "holds is unknown; pass --no-resume (resume=False) to overwrite the output and "
+            "start over, or choose another output") from None
     if not isinstance(job, dict):
         raise LedgerError(f"the batch ledger file {job_file!r} is damaged (not a JSON "
-                          "object); remove the output directory and run again, or choose "
-                          "another output")
+                          "object); pass --no-resume (resume=False) to overwrite the output "
+                          "and start over, or choose another output")
     return job
 
 
@@ -99,8 +147,17 @@ def forget(path, block_id) -> None:
 
 
 def job_differences(job: dict, previous: dict) -> list:
-    """The keys, sorted, in which ``job`` differs from the ``previous`` one."""
-    return sorted(k for k in job.keys() | previous.keys() if job.get(k) != previous.get(k))
+    """The keys, sorted, in which ``job`` differs from the ``previous`` one.
+
+    The instance's own keys (:data:`INSTANCE_KEYS`) are not compared.
+
+    Examples
+    --------
+    >>> job_differences({"scalars": [2], "nonce": "a"}, {"scalars": [3], "nonce": "b"})
+    ['scalars']
+    """
+    keys = (job.keys() | previous.keys()) - INSTANCE_KEYS
+    return sorted(k for k in keys if job.get(k) != previous.get(k))
 
 
 def start(path, job: dict) -> None:
@@ -111,13 +168,14 @@ def start(path, job: dict) -> None:
     fsync(path)
 
 
-def record(path, block_id, inputs, output) -> None:
+def record(path, block_id, inputs, output, nonce) -> None:
     """Mark chunk ``block_id`` of output ``path`` finished, with its fingerprints.
 
     ``inputs`` are the digests of the input blocks the chunk was computed
-    from, ``output`` the digest of the stored chunk file.
+    from, ``output`` the digest of the stored chunk file, ``nonce`` the job
+    instance's (from ``job.json``).
     """
-    marker = json.dumps({"inputs": list(inputs), "output": output}).encode()
+    marker = json.dumps({"job": nonce, "inputs": list(inputs), "output": output}).encode()
     atomic_write(os.path.join(path, LEDGER, marker_name(block_id)), marker)
 
 
@@ -141,13 +199,13 @@ def block_digest(block) -> str:
 
 
 def file_digest(path):
-    """The sha256 of a file's bytes, or None when it does not exist."""
+    """The sha256 of a file's bytes, or None when there is no file there."""
     h = hashlib.sha256()
     try:
         with open(path, "rb") as f:
             for piece in iter(lambda: f.read(1 << 22), b""):
                 h.update(piece)
-    except FileNotFoundError:
+    except (FileNotFoundError, IsADirectoryError):
         return None
     return h.hexdigest()
 

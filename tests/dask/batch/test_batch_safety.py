@@ -21,7 +21,7 @@ from numba import cuda
 import daskgpu as dg
 from daskgpu._cli.batch import main
 from daskgpu._dask.batch import BatchError, run_batch
-from daskgpu._dask.ledger import LEDGER, done_chunks
+from daskgpu._dask.batch.ledger import LEDGER, done_chunks
 
 zarr = pytest.importorskip("zarr")
 from distributed import Client  # noqa: E402
@@ -256,6 +256,7 @@ ZYGOTE = textwrap.dedent('''
                 run_batch(affine, [d + "/x.npy", d + "/y.zarr"],
                           [d + "/z.zarr", (d + "/w.zarr", "float32")], scalars=[2.0],
                           chunks=10, client=cl, progress=False)
+            open(os.path.join(d, "DONE"), "w").close()
             os._exit(0)
         print(pid, flush=True)
 ''')
@@ -265,22 +266,32 @@ def _temporaries(root):
     found = []
     for folder, dirs, files in os.walk(root):
         found += [os.path.join(folder, n) for n in files + dirs
-                  if n.endswith((".tmp", ".partial")) or ".daskgpu-new-" in n
+                  if n.endswith((".tmp", ".partial", ".daskgpu-lock")) or ".daskgpu-new-" in n
                   or ".daskgpu-old-" in n]
     return found
 
 
-def _kill_when_due(pid, folder, delay):
-    """SIGKILL ``pid`` ``delay`` seconds after its cluster is up (READY in ``folder``)."""
+def _kill_when_due(pid, folder, delay, after_a_chunk=False):
+    """SIGKILL ``pid`` ``delay`` seconds after its cluster is up (READY in ``folder``),
+    or after its first chunk is written."""
     deadline = time.monotonic() + 60
-    while not (folder / "READY").exists():
+    while not (folder / "READY").exists() or (after_a_chunk and not done_chunks(
+            folder / "z.zarr") and not os.path.exists(folder / "DONE")):
         assert time.monotonic() < deadline, "the batch process did not start"
         time.sleep(0.005)
     time.sleep(delay)
     try:
         os.kill(pid, signal.SIGKILL)
     except ProcessLookupError:  # it finished first
-        pass
+        return
+    # Gone (the zygote ignores SIGCHLD, so it is reaped at once): its lock is released.
+    while True:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        assert time.monotonic() < deadline + 60, "the killed batch process is still there"
+        time.sleep(0.005)
 
 
 def test_sigkill_at_random_points_then_rerun_is_exact(client, tmp_path, monkeypatch):
@@ -305,8 +316,9 @@ def test_sigkill_at_random_points_then_rerun_is_exact(client, tmp_path, monkeypa
             zygote.stdin.write(f"{d}\n")
             zygote.stdin.flush()
             pid = int(zygote.stdout.readline())
-            # Anywhere from creating the outputs to past the end of the job.
-            _kill_when_due(pid, d, rng.uniform(0.0, 1.0))
+            # Anywhere from creating the outputs to past the end of the job; every other
+            # trial from its first chunk on, so that kills land mid-job on a loaded machine.
+            _kill_when_due(pid, d, rng.uniform(0.0, 0.3 if t % 2 else 1.0), t % 2 == 1)
             written = len(done_chunks(d / "z.zarr") & done_chunks(d / "w.zarr"))
             killed_midway += 0 < written < 30
             report = run_batch(kernel, [str(d / "x.npy"), str(d / "y.zarr")],

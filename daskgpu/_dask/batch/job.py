@@ -1,0 +1,332 @@
+"""``daskgpu batch``: run a kernel over stored arrays, chunk by chunk, resumably.
+
+Inputs are zarr arrays or ``.npy`` files; every output is a zarr array with
+the chunks of the job, written one chunk per task. After a task has stored
+its chunk in every output it records the chunk in each output's ledger, the
+directory ``.daskgpu-done`` inside the zarr array: one marker file per
+finished chunk, created by an atomic rename, plus ``job.json``, which says
+what job the chunks belong to. A marker holds the job instance's nonce and
+the fingerprints of the input blocks the chunk was computed from and of the
+chunk as stored. A rerun of the same job keeps only the chunks whose marker
+still matches all three, so an interrupted job loses no finished chunk, and a
+chunk whose input changed, whose stored data went missing or was damaged, or
+that another job instance wrote, is computed again. One run at a time writes
+an output (:mod:`daskgpu._dask.batch.lock`); an output never overlaps an
+input. Failed chunks are retried, then reported; the others are still
+written. Workers need zarr and must see the paths of the inputs and outputs.
+
+The job is planned (:mod:`daskgpu._dask.batch.plan`) and the chunks already
+written are checked before any cluster starts: a rerun with nothing left to
+compute starts none. The inputs are :mod:`daskgpu._dask.batch.inputs`, the
+outputs and per-chunk tasks :mod:`daskgpu._dask.batch.store`, the ledger
+:mod:`daskgpu._dask.batch.ledger`; the ``daskgpu batch`` command line is
+:mod:`daskgpu._cli.batch`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import numbers
+import secrets
+import sys
+import time
+from contextlib import ExitStack
+
+import numpy as np
+
+from daskgpu._dask.batch import ledger as _ledger
+from daskgpu._dask.batch.inputs import resolve_inputs
+from daskgpu._dask.batch.plan import PlannedJob, argument_order, misfit_error, plan_job
+from daskgpu._dask.batch.report import BatchReport, describe_failure, progress_bar
+from daskgpu._dask.batch.store import ChunkCheck, ChunkWriter, check_no_overlap, output_paths
+from daskgpu._errors import BatchError, CompileError
+from daskgpu._runtime import backend as backends
+
+__all__ = ["BatchReport", "local_client", "run_batch"]
+
+
+# -- running --------------------------------------------------------------------
+def run_batch(kernel, inputs, outputs, *, scalars=(), order=None, chunks=None, client=None,
+              devices=None, simulate=None, retries=2, progress=True, resume=True,
+              max_chunks=None):
+    """Run ``kernel`` over stored arrays, writing its outputs to zarr chunk by chunk.
+
+    The kernel is called per chunk as ``kernel(*outputs, *scalars, *inputs)``
+    (or in the ``order`` given) through :func:`~daskgpu.map_kernel`. Each
+    finished chunk is recorded in the outputs' ledgers with the fingerprints
+    of its input blocks and its stored data, so running the same job again
+    computes only the chunks that are missing (after an interruption, a
+    failure, or ``max_chunks``) or stale (an input changed, or the stored
+    chunk is missing or damaged). One run at a time may write an output.
+
+    Parameters
+    ----------
+    kernel : Kernel or PTXKernel
+        A kernel from :func:`daskgpu.jit` or :func:`daskgpu.load`.
+    inputs : sequence of path
+        Zarr arrays or ``.npy`` files, all of one shape, in this machine's
+        byte order, resolved against this process's working directory. The
+        job's chunks are ``chunks``, else the first zarr input's, else dask's
+        ``"auto"``.
+    outputs : sequence of path or (path, dtype)
+        Zarr arrays to write, each the shape of the inputs and chunked like
+        the job; the dtype defaults to the first input's. Each holds its
+        ledger in ``.daskgpu-done``. Workers must see the same paths. An
+        output may not be, contain or lie inside an input. Only an output
+        that a batch job created is ever replaced.
+    scalars : sequence
+        Values passed between the outputs and the inputs.
+    order : str or sequence of str, optional
+        The kernel's parameters in order, one word per parameter: ``"out"``
+        (the next output), ``"in"`` (the next input) or ``"scalar"`` (the next
+        scalar), e.g. ``"out,in,scalar"`` for ``kernel(out, x, a)``. Default:
+        every output, then every scalar, then every input.
+    chunks : optional
+        Chunk shape, as dask takes it (e.g. ``1000`` or ``(256, 256)``).
+    client : distributed.Client, optional
+        Default: the current client, else a :class:`~daskgpu.LocalGPUCluster`
+        started for this run, once there is a chunk to compute.
+    devices : optional
+        The GPUs of that local cluster (default: all).
+    simulate : bool, optional
+        Run kernels in Numba's CUDA simulator (see
+        :class:`~daskgpu.LocalGPUCluster`). Default: only without a GPU.
+    retries : int
+        Attempts to make again for each failing chunk.
+    progress : bool
+        Show a progress bar on stderr.
+    resume : bool
+        Keep the chunks that earlier runs of the same job finished. False
+        overwrites the outputs and computes everything.
+    max_chunks : int, optional
+        Compute at most this many chunks in this run, then stop.
+
+    Returns
+    -------
+    BatchReport
+
+    Raises
+    ------
+    BatchError
+        When an input cannot be read, shapes disagree, an output overlaps an
+        input, holds another job or was not created by a batch job, or the
+        kernel does not fit the arguments: nothing is written then. Also when
+        another run is writing an output; then its ``__cause__`` is a
+        :class:`BlockingIOError`.
+
+    Examples
+    --------
+    >>> import numpy as np, daskgpu as dg
+    >>> from numba import cuda
+    >>> @dg.jit("void(float32[::1], float32, float32[::1], float32[::1])")
+    ... def saxpy(out, a, x, y):
+    ...     i = cuda.grid(1)
+    ...     if i < out.size:
+    ...         out[i] = a * x[i] + y[i]
+    >>> report = run_batch(saxpy, ["x.zarr", "y.npy"], [("z.zarr", np.float32)],
+    ...                    scalars=[np.float32(2)])  # doctest: +SKIP
+    >>> report.complete, len(report.computed)  # doctest: +SKIP
+    (True, 40)
+    """
+    import dask.config
+
+    from daskgpu import _config
+
+    for name, value, low in (("retries", retries, 0), ("max_chunks", max_chunks, 0)):
+        if value is not None and (isinstance(value, bool)
+                                  or not isinstance(value, numbers.Integral) or value < low):
+            raise BatchError(f"{name} must be a whole number of {low} or more, got {value!r}")
+    _config.check()
+    scalars = tuple(scalars)
+    inputs = resolve_inputs(inputs)
+    if not inputs:
+        raise BatchError("a batch needs at least one input array")
+    # Before a cluster starts or anything is written.
+    check_no_overlap(inputs, output_paths(outputs))
+    order = argument_order(order, len(output_paths(outputs)), len(scalars), len(inputs))
+    if client is None:
+        client = _current_client()
+    given = client  # a cluster of someone else's, whose scheduler can go away
+    job = None
+    try:
+        with ExitStack() as stack:
+            if client is not None and simulate is not None:
+                stack.enter_context(dask.config.set({"daskgpu.simulate": bool(simulate)}))
+            job = plan_job(stack, kernel, inputs, outputs, scalars, order, chunks, resume,
+                           _simulated(client, simulate))
+            job = _verified(job, client)
+            if job.todo and max_chunks != 0 and client is None:
+                client = local_client(stack, devices, simulate)
+            if client is not None:
+                stack.enter_context(client.as_current())  # map_kernel asks it for GPUs
+            return _execute(job, client, retries, progress, max_chunks)
+    except Exception:
+        if given is not None:
+            _check_connected(given)  # a lost scheduler, whatever the call that noticed
+        raise
+    except KeyboardInterrupt as exc:
+        if job is not None:  # counted once a local cluster has finished its chunks
+            exc.add_note(f"daskgpu batch interrupted: {job.written()}/{len(job.grid)} "
+                         "chunks written; run the same job again to compute only the rest")
+        raise
+
+
+def local_client(stack, devices=None, simulate=None):
+    """A client of a new :class:`~daskgpu.LocalGPUCluster`, closed with ``stack``."""
+    import signal
+    import threading
+
+    from distributed import Client
+
+    from daskgpu._dask.cluster import LocalGPUCluster
+
+    # Ctrl-C reaches the whole process group; the workers started now ignore it
+    # (they inherit the setting) and are closed by this process, which reports.
+    main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if main else None
+    try:
+        cluster = stack.enter_context(LocalGPUCluster(
+            devices=devices, simulate=simulate, dashboard_address=":0",
+            silence_logs=logging.CRITICAL))  # the report names failed chunks
+    finally:
+        if main:
+            signal.signal(signal.SIGINT, previous)
+    return stack.enter_context(Client(cluster))
+
+
+def _current_client():
+    try:
+        from distributed import default_client
+
+        return default_client()
+    except ValueError:
+        return None
+
+
+def _simulated(client, simulate) -> bool:
+    """Whether the chunks will run in the simulator: on ``client``, or on a local cluster."""
+    if client is not None or simulate is not None:
+        return bool(simulate) if simulate is not None else backends.current().simulated
+    from daskgpu._dask.cluster import visible_devices
+
+    return backends.current().simulated or not visible_devices()[0]
+
+
+def _verified(job, client) -> PlannedJob:
+    """``job`` with only the recorded chunks that still hold as done, in grid order.
+
+    Checked on ``client``, or, without one, in this process, so that a
+    rerun with nothing left to compute starts no cluster.
+    """
+    import dask.array as da
+    from dask.threaded import get as threaded_get
+
+    if not job.done:
+        return job
+    first = job.first
+    check = da.map_blocks(ChunkCheck(job.outputs, job.nonces), *job.arrays,
+                          name=f"batch-check-{secrets.token_hex(8)}",
+                          chunks=tuple((1,) * n for n in first.numblocks),
+                          meta=np.empty((0,) * first.ndim, np.bool_))
+    chunks = sorted(job.done)
+    keys = [(check.name, *c) for c in chunks]
+    graph = check.__dask_graph__()
+    results = client.get(graph, keys) if client is not None else threaded_get(dict(graph),
+                                                                                keys)
+    good = {c for c, r in zip(chunks, results) if bool(np.asarray(r).all())}
+    stale = tuple(c for c in chunks if c not in good)
+    for chunk in stale:  # computed again; a crash before then must not trust them
+        for path in job.outputs:
+            _ledger.forget(path, chunk)
+    return dataclasses.replace(job, done=frozenset(good), stale=stale)
+
+
+def _write_tasks(job):
+    """One write task per chunk, as a dask array of chunks ``(1, ...)``."""
+    import dask.array as da
+
+    from daskgpu._dask.mapping import Out, map_kernel
+
+    arguments = [Out(a, like=job.first) if isinstance(a, np.dtype) else a
+                 for a in job.arguments]
+    try:
+        results = map_kernel(job.kernel, *arguments)
+    except (TypeError, CompileError) as exc:
+        raise misfit_error(job.kernel, job.order, job.arguments, exc) from None
+    results = (results,) if not isinstance(results, tuple) else results
+    results = results[:len(job.outputs)]  # inputs the kernel writes are not stored
+    writer = ChunkWriter(job.outputs, job.chunksize, job.nonces)
+    return da.map_blocks(writer, *results, *job.arrays,
+                         name=f"batch-write-{secrets.token_hex(8)}",
+                         chunks=tuple((1,) * n for n in job.first.numblocks),
+                         meta=np.empty((0,) * job.first.ndim, np.bool_))
+
+
+# -- executing ------------------------------------------------------------------
+def _execute(job, client, retries, progress, max_chunks) -> BatchReport:
+    from distributed import as_completed
+
+    start = time.perf_counter()
+    grid = job.grid
+    skipped = tuple(c for c in grid if c in job.done)
+    todo = job.todo
+    now, later = (todo, []) if max_chunks is None else (todo[:max_chunks], todo[max_chunks:])
+    if progress:
+        sys.stderr.write(_headline(job, client, len(skipped), len(now), len(later)) + "\n")
+    bar = progress_bar(len(grid), len(skipped), progress)
+    computed, failed = [], {}
+    futures = []
+    if now:
+        status = _write_tasks(job)
+        # Dask retries a failing task (the read, the launch or the write) itself.
+        futures = client.get(status.__dask_graph__(), [(status.name, *c) for c in now],
+                             sync=False, retries=retries)
+    try:
+        for fut in as_completed(futures) if futures else ():
+            if fut.status == "finished":
+                computed.append(fut.key[1:])
+            else:
+                _check_connected(client)
+                failed[fut.key[1:]] = describe_failure(fut)
+                bar.set_postfix_str(f"{len(failed)} failed", refresh=False)
+            bar.update(1)
+    finally:
+        if futures and client.status == "running":
+            client.cancel(futures)  # releases results and errors on the cluster
+        bar.close()
+    order = {c: i for i, c in enumerate(grid)}
+    return BatchReport(
+        outputs=job.outputs, chunks=len(grid), skipped=skipped,
+        computed=tuple(sorted(computed, key=order.get)), failed=failed,
+        remaining=tuple(later), retries=int(retries),
+        seconds=time.perf_counter() - start, stale=job.stale,
+    )
+
+
+def _headline(job, client, skipped, now, later) -> str:
+    """The first line a run prints: the job, where it runs, and what is left."""
+    from daskgpu._dask.mapping import workers_info
+
+    chunk = "x".join(str(c[0]) for c in job.first.chunks)
+    what = (f"batch {job.kernel.__name__}: {len(job.grid)} chunks of {chunk} over "
+            f"{'x'.join(map(str, job.first.shape))}")
+    if client is None:  # no cluster was needed
+        return (f"{what}: {skipped} written before and checked; nothing to compute now"
+                + (f", {later} left for later runs" if later else ""))
+    workers = len(workers_info(client))
+    where = f"{workers} worker{'s' * (workers != 1)}" + (
+        " (simulated)" if backends.current().simulated else "")
+    return (f"{what} on {where}; {skipped} already written, {now} to compute"
+            + (f" ({len(job.stale)} stale)" if job.stale else "")
+            + (f", {later} left for later runs" if later else ""))
+
+
+def _check_connected(client) -> None:
+    """Raise a one-line error when the scheduler is gone: the chunks did not fail."""
+    if client.status in ("running", "newly-created"):
+        return
+    address = getattr(client.scheduler, "address", None) or "its address"
+    # An OSError cause: the run failed, the job as given was fine (exit 1, not 2).
+    raise BatchError(f"lost the scheduler at {address}; the chunks written so far are kept: "
+                     "rerun the same job to resume") from ConnectionError(address)

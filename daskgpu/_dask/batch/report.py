@@ -1,0 +1,102 @@
+"""What a ``daskgpu batch`` run reports: :class:`BatchReport`, its progress bar and its
+one-line descriptions of failed chunks."""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+
+__all__ = ["BatchReport", "describe_failure", "progress_bar"]
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchReport:
+    """What one :func:`run_batch` call did. Chunks are block indices, e.g. ``(3,)``.
+
+    Attributes
+    ----------
+    outputs : tuple of str
+        The output zarr arrays.
+    chunks : int
+        Chunks in the job.
+    skipped : tuple
+        Chunks finished by earlier runs, checked and not computed again.
+    computed : tuple
+        Chunks computed and written by this run.
+    failed : dict
+        Chunk to error text (``"IndexError: ..."``), for chunks that failed
+        every attempt.
+    remaining : tuple
+        Chunks not attempted (``max_chunks`` reached).
+    retries : int
+        Attempts made again for a failing task before its chunk failed.
+    seconds : float
+        Wall time spent computing chunks.
+    stale : tuple
+        Chunks an earlier run had written whose inputs changed since, or
+        whose stored data was missing or damaged: computed again (or to be).
+
+    Examples
+    --------
+    >>> r = BatchReport(outputs=("z.zarr",), chunks=4, skipped=((0,),), computed=((1,),),
+    ...                 failed={(2,): "IndexError: index 99 is out of bounds"},
+    ...                 remaining=((3,),), retries=2)
+    >>> r.complete
+    False
+    >>> print(r.summary().replace(" in 0.0 s", ""))
+    2/4 chunks written (1 this run, 1 before)
+      chunk (2,) failed after 3 attempt(s): IndexError: index 99 is out of bounds
+    2 chunk(s) to go: run the same job again to compute only those
+    """
+
+    outputs: tuple
+    chunks: int
+    skipped: tuple = ()
+    computed: tuple = ()
+    failed: dict = dataclasses.field(default_factory=dict)
+    remaining: tuple = ()
+    retries: int = 0
+    seconds: float = 0.0
+    stale: tuple = ()
+
+    @property
+    def complete(self) -> bool:
+        """Whether every chunk of the job is now written."""
+        return len(self.skipped) + len(self.computed) == self.chunks
+
+    def summary(self) -> str:
+        """A few lines for people: counts, then each failed chunk."""
+        done = len(self.skipped) + len(self.computed)
+        lines = [f"{done}/{self.chunks} chunks written ({len(self.computed)} this run, "
+                 f"{len(self.skipped)} before) in {self.seconds:.1f} s"]
+        if self.stale:
+            lines.append(f"  {len(self.stale)} chunk(s) written before were stale (an input "
+                         "changed, or the stored chunk was missing or damaged): computed "
+                         "again")
+        for chunk, error in sorted(self.failed.items()):
+            lines.append(f"  chunk {chunk} failed after {self.retries + 1} attempt(s): {error}")
+        if self.failed or self.remaining:
+            lines.append(f"{self.chunks - done} chunk(s) to go: run the same job again to "
+                         "compute only those")
+        return "\n".join(lines)
+
+
+def progress_bar(total, before, enabled):
+    """A tqdm bar on stderr over the job's chunks, starting at those written before."""
+    from tqdm import tqdm
+
+    # Off a terminal, redraw at most every few seconds rather than per chunk.
+    tty = enabled and sys.stderr.isatty()
+    return tqdm(total=total, initial=before, unit="chunk", file=sys.stderr,
+                disable=not enabled, mininterval=0.1 if tty else 5.0, dynamic_ncols=tty,
+                desc="chunks written")
+
+
+def describe_failure(future) -> str:
+    """``"IndexError: first line"`` for a future that did not finish."""
+    try:
+        exc = future.exception()
+    except Exception as e:  # cancelled, or the cluster lost it
+        exc = e
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}".strip()

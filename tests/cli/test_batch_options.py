@@ -1,0 +1,73 @@
+"""``daskgpu batch`` arguments refused in one line before anything runs, and kernel modules
+that exit at import reported, not taken for success."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+
+from daskgpu._cli.batch import build_parser
+from daskgpu._cli.batch import main as batch_main
+from daskgpu._cli.main import main as daskgpu_main
+
+
+@pytest.fixture
+def folder(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "k.py").write_text("def f(out, x):\n    pass\n")
+    return tmp_path
+
+
+def _usage_error(argv, capsys):
+    assert batch_main(argv) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "OverflowError" not in err, err
+    return err.strip().splitlines()[-1]
+
+
+@pytest.mark.parametrize("scalar,message", [
+    ("int8:300", "300 is out of range for int8 (-128 to 127)"),
+    ("uint8:-1", "-1 is out of range for uint8 (0 to 255)"),
+    ("float16:1e6", "1e6 is out of range for float16"),
+    ("int8:2.5", "int8 takes a whole number"),
+    ("bool:yes", "a bool is true or false"),
+])
+def test_scalars_out_of_their_types_range_exit_2_naming_it(folder, capsys, scalar, message):
+    line = _usage_error(["k.py:f", "--input", "x.npy", "--output", "o.zarr",
+                         "--scalar", scalar], capsys)
+    assert message in line, line
+
+
+def test_typed_scalars_keep_their_type_and_value():
+    ns = build_parser().parse_args(["k.py:f", "--input", "x", "--output", "o", "--scalar",
+                                    "uint8:255", "--scalar", "bool:false", "--scalar",
+                                    "int64:-9223372036854775808"])
+    assert [(type(s).__name__, int(s)) for s in ns.scalar] == [
+        ("uint8", 255), ("bool", 0), ("int64", -2**63)]
+
+
+def test_an_output_without_a_path_creates_nothing(folder, capsys):
+    line = _usage_error(["k.py:f", "--input", "x.npy", "--output", ":float32"], capsys)
+    assert "names no path before the colon" in line
+    assert not os.path.exists(folder / ":float32")
+
+
+def test_a_missing_scheduler_file_fails_fast(folder, capsys):
+    start = time.monotonic()
+    line = _usage_error(["k.py:f", "--input", "x.npy", "--output", "o.zarr",
+                         "--scheduler-file", "nowhere.json"], capsys)
+    assert "no scheduler file 'nowhere.json'" in line
+    assert time.monotonic() - start < 10
+
+
+def test_a_kernel_module_that_exits_at_import_is_a_failure(folder, capsys):
+    (folder / "exits.py").write_text("import sys\nsys.exit('no GPU here, bye')\n")
+    assert batch_main(["exits.py:f", "--input", "x.npy", "--output", "o.zarr"]) == 1
+    err = capsys.readouterr().err
+    assert "no GPU here, bye" in err and "sys.exit" in err and "Traceback" not in err
+    assert daskgpu_main(["compile", "exits.py:f", "--sig", "void()", "-o", "k.dgk"]) == 1
+    err = capsys.readouterr().err
+    assert "no GPU here, bye" in err and "Traceback" not in err
+    assert not os.path.exists(folder / "k.dgk")

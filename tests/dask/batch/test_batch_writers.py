@@ -1,0 +1,184 @@
+"""One writer per batch output: a second run is refused while one is alive, a crashed run's
+lock blocks nothing, and a job trusts only the chunks its own instance wrote.
+
+Every test runs simulated, on one threaded cluster that a subprocess can also reach.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import pytest
+from numba import cuda
+
+import daskgpu as dg
+from daskgpu._cli.batch import main
+from daskgpu._dask.batch import BatchError, run_batch
+from daskgpu._dask.batch.ledger import LEDGER, done_chunks
+from daskgpu._dask.batch.lock import OutputLock, lock_path
+from daskgpu._dask.batch.store import ChunkWriter
+
+zarr = pytest.importorskip("zarr")
+from distributed import Client  # noqa: E402
+
+SAXPY_SIG = "void(float32[::1], float32, float32[::1], float32[::1])"
+KERNEL_FILE = '''
+from numba import cuda
+
+def saxpy(out, a, x, y):
+    i = cuda.grid(1)
+    if i < out.size:
+        out[i] = a * x[i] + y[i]
+'''
+
+
+@dg.jit(SAXPY_SIG)
+def saxpy(out, a, x, y):
+    i = cuda.grid(1)
+    if i < out.size:
+        out[i] = a * x[i] + y[i]
+
+
+@pytest.fixture(scope="module")
+def client():
+    with dg.LocalGPUCluster(simulate=True, processes=False, protocol="tcp://",
+                            dashboard_address=":0") as cluster, Client(cluster) as c:
+        yield c
+
+
+def _zarr(path, data, chunks):
+    z = zarr.open_array(str(path), mode="w", shape=data.shape, chunks=chunks, dtype=data.dtype)
+    z[...] = data
+    return str(path)
+
+
+@pytest.fixture
+def job(tmp_path):
+    """z = a x + y over 4000 elements in 20 chunks: long enough to overlap a second run."""
+    x = np.arange(4000, dtype=np.float32)
+    y = np.ones(4000, np.float32)
+    return {"inputs": [_zarr(tmp_path / "x.zarr", x, 200), _zarr(tmp_path / "y.zarr", y, 200)],
+            "out": str(tmp_path / "z.zarr"), "x": x, "y": y}
+
+
+def _run(job, client, a, **kw):
+    return run_batch(saxpy, job["inputs"], [(job["out"], np.float32)], scalars=[np.float32(a)],
+                     client=client, progress=False, **kw)
+
+
+def _result(job):
+    return zarr.open_array(job["out"], mode="r")[:]
+
+
+def _argv(tmp_path, job, a, *extra):
+    kernel = tmp_path / "writerkern.py"
+    kernel.write_text(KERNEL_FILE)
+    argv = [f"{kernel}:saxpy", "--sig", SAXPY_SIG, "--scalar", f"float32:{a}", "--no-progress"]
+    for p in job["inputs"]:
+        argv += ["--input", p]
+    return argv + ["--output", f"{job['out']}:float32", *extra]
+
+
+# -- a second run while one writes -----------------------------------------------------
+def test_second_run_on_a_busy_output_is_refused_and_the_first_finishes_exact(
+        client, job, tmp_path, capsys):
+    """The issue's case: a second run with other scalars and --no-resume while one writes."""
+    address = ["--scheduler", client.scheduler.address, "--simulate"]
+    first = subprocess.Popen([sys.executable, "-m", "daskgpu", "batch",
+                              *_argv(tmp_path, job, 2, *address)],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not done_chunks(job["out"]) and first.poll() is None:
+            assert time.monotonic() < deadline, "the first run wrote no chunk"
+            time.sleep(0.02)
+        assert first.poll() is None, "the first run ended before the second started"
+        with pytest.raises(BatchError, match=rf"another daskgpu batch run \(pid {first.pid} "
+                                             r"on .*\) is writing .*z\.zarr'"):
+            _run(job, client, 3, resume=False)
+        assert main(_argv(tmp_path, job, 3, *address, "--no-resume")) == 1
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "another daskgpu batch run" in err, err
+    finally:
+        out, err = first.communicate(timeout=120)
+    assert first.returncode == 0, err
+    assert "20/20 chunks written" in out
+    np.testing.assert_array_equal(_result(job), 2 * job["x"] + job["y"])
+    assert not os.path.exists(lock_path(job["out"]))  # removed when the run ended
+    assert main(_argv(tmp_path, job, 2, *address)) == 0  # the lock is free again
+    assert "20/20 chunks written (0 this run, 20 before)" in capsys.readouterr().out
+
+
+def test_a_killed_runs_lock_blocks_nothing(client, job):
+    holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+        import os, signal, sys
+        from daskgpu._dask.batch.lock import OutputLock
+        OutputLock({job["out"]!r}, "crashed").acquire()
+        print("locked", flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+    """)], stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "locked"
+    assert holder.wait(timeout=30) == -signal.SIGKILL
+    assert os.path.exists(lock_path(job["out"]))  # left behind, but no longer held
+    report = _run(job, client, 2)
+    assert report.complete
+    np.testing.assert_array_equal(_result(job), 2 * job["x"] + job["y"])
+
+
+def test_without_flock_a_dead_holder_is_taken_over_and_a_live_one_refused(tmp_path,
+                                                                           monkeypatch):
+    import fcntl
+
+    def no_flock(fd, op):
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(fcntl, "flock", no_flock)
+    out = str(tmp_path / "z.zarr")
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)
+    with open(lock_path(out), "w") as f:
+        json.dump({"host": os.uname().nodename, "pid": int(dead.stdout), "job": "gone"}, f)
+    with OutputLock(out, "mine"):  # the holder's process is gone: a stale lock
+        with pytest.raises(BatchError, match=rf"pid {os.getpid()} .*if no run is alive "
+                                             r"there, remove"):
+            OutputLock(out, "other").acquire()
+    assert not os.path.exists(lock_path(out))
+
+
+# -- chunks of another job instance -----------------------------------------------------
+def test_chunks_left_by_another_instance_are_recomputed(client, job, tmp_path):
+    """A first run's late writes (its markers and data) in the output a second run
+    recreated: the second job, resumed, must not count them as its own."""
+    assert _run(job, client, 2).complete
+    first = tmp_path / "first.zarr"
+    shutil.copytree(job["out"], first)
+    assert _run(job, client, 3, resume=False, max_chunks=4).computed == tuple(
+        (i,) for i in range(4))
+    for i in range(4, 20):  # what the first run's orphaned tasks would have written
+        shutil.copy(first / "c" / str(i), os.path.join(job["out"], "c", str(i)))
+        shutil.copy(first / LEDGER / str(i), os.path.join(job["out"], LEDGER, str(i)))
+    assert done_chunks(job["out"]) == {(i,) for i in range(20)}
+
+    report = _run(job, client, 3)
+    assert report.skipped == tuple((i,) for i in range(4))
+    assert report.computed == tuple((i,) for i in range(4, 20)) and report.complete
+    np.testing.assert_array_equal(_result(job), 3 * job["x"] + job["y"])
+
+
+def test_a_task_of_a_replaced_instance_writes_nothing(client, job):
+    assert _run(job, client, 2, max_chunks=1).computed == ((0,),)
+    before = _result(job)
+    stale = ChunkWriter([job["out"]], (200,), ["an-older-instance"])
+    with pytest.raises(BatchError, match="recreated by another batch job"):
+        stale(np.full(200, 7, np.float32), block_id=(1,))
+    np.testing.assert_array_equal(_result(job), before)
+    assert done_chunks(job["out"]) == {(0,)}
