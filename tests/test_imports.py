@@ -33,7 +33,7 @@ LAYERS = {
 #: Numba's CUDA simulator); the GPU half never does (tests/test_worker_half.py).
 THIRD_PARTY = {
     "_image": {"numpy"},
-    "_runtime": {"numpy", "cuda"},
+    "_runtime": {"numpy", "cuda", "nvtx"},  # nvtx: optional, imported under a profiler
     "_compiler": {"numpy", "numba", "numba_cuda", "llvmlite", "cuda", "cloudpickle"},
     "_dask": {"numpy", "dask", "distributed", "cupy", "zarr", "tqdm"},
     "_cli": None,  # the command line may use anything

@@ -173,7 +173,7 @@ class Fused:
         chain = None
         if not (self.cupy or any(is_cupy(v) for v in values)):
             # A process builds all its images simulated or all for the GPU.
-            chain = backends.for_image(self.kernel.images[0]).device_chain()
+            chain = backends.for_image(self.kernel.images[0]).device_chain(self.__name__)
         try:
             results = self.run(values, place, chain)
         finally:

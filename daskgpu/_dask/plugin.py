@@ -18,11 +18,15 @@ import asyncio
 import logging
 import os
 
+from dask.utils import key_split
 from distributed.diagnostics.plugin import WorkerPlugin
+from distributed.metrics import context_meter
 from distributed.protocol import pickle
 
 from daskgpu import _config
 from daskgpu._errors import ContextLostError, DeviceError
+from daskgpu._runtime import metrics
+from daskgpu._runtime.metrics import ACTIVITIES
 
 logger = logging.getLogger("daskgpu")
 
@@ -60,6 +64,16 @@ class GPUWorkerPlugin(WorkerPlugin):
     half a second later, after the task's error has gone to the scheduler;
     its nanny then starts a fresh process.
 
+    From setup to teardown, each launch in a task reports its time by
+    activity (``link``, ``copy-in``, ``launch``, ``kernel``, ``copy-out``; see
+    :mod:`daskgpu._runtime.metrics`) to distributed's fine performance
+    metrics, labelled ``"daskgpu <kernel> <activity>"`` (:func:`gpu_label`):
+    the dashboard's Fine Performance Metrics page, a ``Span``'s
+    ``cumulative_worker_metrics`` and the scheduler's show them beside the
+    task's own ``thread-cpu`` and ``thread-noncpu``, which they are taken out
+    of. While a profiler reads NVTX (the ``nvtx`` package installed), every
+    task the worker runs is also an NVTX range named after its key's prefix.
+
     Examples
     --------
     >>> import daskgpu as dg
@@ -79,6 +93,8 @@ class GPUWorkerPlugin(WorkerPlugin):
     _worker = None
     #: Whether the worker is being closed after a lost context.
     _closing = False
+    #: The NVTX ranges of running tasks by key, from setup to teardown (on the worker only).
+    _ranges = None
 
     def __init__(self):
         #: The device facts recorded by :meth:`setup`; None until it has run.
@@ -86,20 +102,36 @@ class GPUWorkerPlugin(WorkerPlugin):
 
     def setup(self, worker):
         """Check the settings, make the worker's GPU current, import the runtime, record
-        its facts."""
+        its facts, and send launches' time to distributed's fine performance metrics."""
         _config.check()  # a bad daskgpu.* value fails the worker's start, named
         self._worker = worker
         self.info = _probe(warm=True)
-        metrics = getattr(worker, "metrics", None)
-        if isinstance(metrics, dict):  # clients learn from it that they must ship Python
-            metrics[SIMULATED_METRIC] = _simulated
+        heartbeat = getattr(worker, "metrics", None)
+        if isinstance(heartbeat, dict):  # clients learn from it that they must ship Python
+            heartbeat[SIMULATED_METRIC] = _simulated
+        if self._ranges is None:  # set up once: one recorder to remove on teardown
+            metrics.add_recorder(digest_gpu_time)
+        self._ranges = {}  # key -> NVTX range of the task running it
+
+    def teardown(self, worker):
+        """Stop sending launches' time; close the NVTX ranges still open."""
+        if self._ranges is None:
+            return
+        metrics.remove_recorder(digest_gpu_time)
+        for range_id in self._ranges.values():
+            metrics.end_range(range_id)
+        self._ranges = None
 
     def transition(self, key, start, finish, **kwargs):
-        """Close the worker after a task failed with a lost CUDA context.
+        """Open and close a task's NVTX range; close the worker after a task failed
+        with a lost CUDA context.
 
         Distributed calls this on the worker's event loop for every state
-        change of every task; only a change to ``"error"`` is looked at.
+        change of every task; only changes to and from ``"executing"`` and
+        to ``"error"`` are looked at.
         """
+        if finish == "executing" or start == "executing":
+            self._task_range(key, finish == "executing")
         if finish != "error" or self._worker is None or self._closing:
             return
         task = self._worker.state.tasks.get(key)
@@ -111,14 +143,63 @@ class GPUWorkerPlugin(WorkerPlugin):
                      "its nanny restarts it", key, task.exception_text, worker.address)
         worker.loop.call_later(_GRACE, _close, worker)
 
+    def _task_range(self, key, started: bool) -> None:
+        """An NVTX range over a task's run, named after its key's prefix (a bounded set
+        of names: NVTX registers each one). Opened here, closed on another thread."""
+        ranges = self._ranges
+        if ranges is None:
+            return
+        if started:
+            range_id = metrics.start_range(key_split(key))
+            if range_id is not None:
+                ranges[key] = range_id
+        elif key in ranges:
+            metrics.end_range(ranges.pop(key))
+
     def __getstate__(self):
         state = dict(self.__dict__)
         state.pop("_worker", None)  # the worker stays where it is
         state.pop("_closing", None)
+        state.pop("_ranges", None)
         return state
 
     def __repr__(self):
         return "GPUWorkerPlugin()"
+
+
+def gpu_label(kernel: str, activity: str) -> str:
+    """The fine performance metrics label of ``activity`` of ``kernel``.
+
+    Inside a task, distributed files it under ``("execute", <task prefix>,
+    label, "seconds")`` on the scheduler and in each ``Span``.
+
+    Examples
+    --------
+    >>> gpu_label("saxpy", "kernel")
+    'daskgpu saxpy kernel'
+    """
+    return f"daskgpu {kernel} {activity}"
+
+
+#: Kernels whose labels :func:`digest_gpu_time` keeps made.
+LABELS_KEPT = 1024
+
+# {kernel: {activity: label}}, read per launch: a plain dict, as a BoundedCache
+# lookup (0.2 us) would double the cost of reporting. Emptied when full; racing
+# threads at worst both make a kernel's labels.
+_labels = {}
+
+
+def digest_gpu_time(kernel: str, activity: str, seconds: float) -> None:
+    """The runtime's recorder on a worker: ``seconds`` of ``activity`` of ``kernel``
+    to distributed's ``context_meter``, which files them under the running task
+    (and drops them outside one)."""
+    labels = _labels.get(kernel)
+    if labels is None:
+        if len(_labels) >= LABELS_KEPT:
+            _labels.clear()
+        labels = _labels[kernel] = {a: gpu_label(kernel, a) for a in ACTIVITIES}
+    context_meter.digest_metric(labels[activity], seconds, "seconds")
 
 
 def lost_context(task) -> bool:

@@ -14,6 +14,7 @@ module                   what it holds
 ``simulator``            the simulator backend: Numba's CUDA simulator on the host
 ``random_states``        ``dg.random_states`` built where the kernel runs
 ``faults``               exceptions raised by kernels on the device
+``metrics``              launch time by activity for whoever hosts the runtime; NVTX
 ``kernel_files``         kernel bundle files: ``dg.save`` / ``dg.load``
 =======================  ==========================================================
 """

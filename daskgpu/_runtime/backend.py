@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from daskgpu import _config
 from daskgpu._errors import DeviceError
+from daskgpu._runtime import metrics
 
 __all__ = ["GPUBackend", "SimulatorBackend", "current", "for_image"]
 
@@ -46,13 +47,14 @@ class GPUBackend:
 
         return device_states(seed, base, shape, strides, builder)
 
-    def device_chain(self):
+    def device_chain(self, name: str = "fused"):
         """A :class:`~daskgpu._runtime.gpu.copy_pipeline.DeviceChain` that keeps a fused
-        chain's intermediates on the device, or None where launches cannot share one."""
+        chain's intermediates on the device, or None where launches cannot share one.
+        Its copies are reported to :mod:`~daskgpu._runtime.metrics` under ``name``."""
         from daskgpu._runtime.gpu.copy_pipeline import DeviceChain
         from daskgpu._runtime.gpu.host_staging import stager
 
-        return DeviceChain(stager)
+        return DeviceChain(stager, name)
 
 
 class SimulatorBackend:
@@ -62,18 +64,29 @@ class SimulatorBackend:
     name = "simulator"
 
     def run(self, image, config, args, infos, function=None) -> None:
-        from daskgpu._runtime import simulator
+        """Simulate ``image`` (or the client's live ``function``) on host ``args``.
 
-        if function is not None:  # a client kernel: its live function
-            simulator.run_function(function, config, args)
-        elif image.py_func is None:
+        The whole simulated run is reported as the ``kernel`` activity to
+        :mod:`~daskgpu._runtime.metrics`, and is an NVTX range, while someone
+        looks: the simulator has no link and no copies.
+        """
+        if function is None and image.py_func is None:
             raise DeviceError(
                 f"kernel {image.name.rpartition('.')[2]!r} was shipped PTX only (a bundle, "
                 "or pickled while daskgpu.simulate was off), and the CUDA simulator runs "
                 "only Python functions. Run it on a GPU with daskgpu.simulate off, or ship "
                 "the client kernel (dg.jit) while daskgpu.simulate is on")
-        else:
-            simulator.run(image, config, args)
+        meter = metrics.hook
+        if meter is None:
+            _simulate(image, config, args, function)
+            return
+        meter.push(image.name)
+        start = metrics.clock()
+        try:
+            _simulate(image, config, args, function)
+        finally:
+            meter.pop()
+        meter.record(image.name, "kernel", metrics.clock() - start)
 
     def repeat_launch(self, image, config, infos, args, images):
         return None  # every simulated launch takes the general path
@@ -83,8 +96,17 @@ class SimulatorBackend:
 
         return host_random_states(seed, base, shape, strides)  # on the host, by the jump table
 
-    def device_chain(self):
+    def device_chain(self, name: str = "fused"):
         return None
+
+
+def _simulate(image, config, args, function) -> None:
+    from daskgpu._runtime import simulator
+
+    if function is not None:  # a client kernel: its live function
+        simulator.run_function(function, config, args)
+    else:
+        simulator.run(image, config, args)
 
 
 GPU = GPUBackend()

@@ -139,7 +139,7 @@ def test_a_long_lived_simulated_cluster_runs_the_edited_kernel(tmp_path, monkeyp
     monkeypatch.syspath_prepend(str(tmp_path))
     module = importlib.import_module("edited_kernel")
     try:
-        with dg.LocalGPUCluster(simulate=True, devices=[0]) as cluster, \
+        with dg.LocalGPUCluster(simulate=True, devices=[0], dashboard_address=":0") as cluster, \
                 Client(cluster, set_as_default=False) as client:
             x = np.zeros(4)
             fill = dg.jit("void(float64[::1])")(module.fill)

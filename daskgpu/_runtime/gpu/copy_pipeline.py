@@ -28,6 +28,7 @@ from cuda.bindings import driver
 
 from daskgpu import _config
 from daskgpu._image.array_info import c_strides
+from daskgpu._runtime import metrics
 from daskgpu._runtime.gpu import device as _device
 from daskgpu._runtime.gpu.driver import check
 from daskgpu._runtime.gpu.pinned_arrays import is_page_locked
@@ -277,13 +278,17 @@ class DeviceChain:
 
     Host arrays are copied to the device once each however many launches of
     the chain read them (looked up by identity; the chain holds them, so an
-    identity cannot be reused while it lives).
+    identity cannot be reused while it lives). While someone looks, the host's
+    time queuing them is reported as ``copy-in`` under ``name`` to
+    :mod:`~daskgpu._runtime.metrics`; what the device still spends on them
+    falls in the wait of the chain's last launch.
     """
 
-    def __init__(self, pipeline):
+    def __init__(self, pipeline, name: str = "fused"):
         # pipeline() gives the process's Stager, made on first use
         # (daskgpu._runtime.gpu.host_staging.stager).
         self.pipeline = pipeline
+        self.name = name
         _device.current()
         self.stream = _device.thread_stream()
         self.handle = int(self.stream)
@@ -301,6 +306,8 @@ class DeviceChain:
         known = self._copies.get(id(host))
         if known is not None:
             return known[1]
+        meter = metrics.hook
+        start = metrics.clock() if meter is not None else 0.0
         view = DeviceView(self._allocate(host.nbytes), host.shape, host.dtype,
                           memory_order(host))
         if host.nbytes:
@@ -310,6 +317,8 @@ class DeviceChain:
             else:
                 self.pipeline().to_device(view.ptr, host, self.stream)
         self._copies[id(host)] = (host, view)
+        if meter is not None:
+            meter.record(self.name, "copy-in", metrics.clock() - start)
         return view
 
     def zeros(self, shape, dtype, order: str = "C") -> DeviceView:

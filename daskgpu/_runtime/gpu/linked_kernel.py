@@ -10,6 +10,7 @@ from daskgpu import _config
 from daskgpu._bounded import BoundedCache
 from daskgpu._errors import LaunchConfigError
 from daskgpu._image.launch_config import launch_dims
+from daskgpu._runtime import metrics
 from daskgpu._runtime.faults import device_exception
 from daskgpu._runtime.gpu.cubin_cache import DiskCache, ModuleCache
 from daskgpu._runtime.gpu.driver import check, driver_version, nvjitlink_version
@@ -128,11 +129,21 @@ def linked(image, state) -> LinkedKernel:
     The disk cache is read before and written after the module cache's lock
     is taken, so a slow or stuck filesystem holds up only this launch, never
     every link in the process; a failed store costs only a later relink.
+    Getting it from anywhere but memory is reported as ``link`` time to
+    :mod:`~daskgpu._runtime.metrics` (the cubin loaded from disk, too).
     """
     key = (image.hash, state.id)
     kernel = module_cache.lookup(key)
     if kernel is not None:
         return kernel
+    start = metrics.clock()
+    kernel = _link(image, state, key)
+    metrics.record(image.name, "link", metrics.clock() - start)
+    return kernel
+
+
+def _link(image, state, key) -> LinkedKernel:
+    """``image`` from the disk cache or the linker, into the module cache."""
     disk = disk_cache()
     versions = (driver_version(), nvjitlink_version()) if disk else None
     stored = disk.load(image.hash, state.cc, versions) if disk else None

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import os
+import threading
 
 from cuda.bindings import driver
 
@@ -20,6 +21,7 @@ from daskgpu._errors import CUDAError
 from daskgpu._image.argspec import passed_value
 from daskgpu._image.array_info import CAI_READERS, READERS, array_info
 from daskgpu._image.launch_config import task_counts
+from daskgpu._runtime import metrics
 from daskgpu._runtime.gpu import device as _device
 from daskgpu._runtime.gpu.driver import (
     DEFAULT_STREAM,
@@ -56,11 +58,25 @@ def run(image, config, args, infos):
 
     Host arrays are copied in, and those the kernel writes copied back, before
     this returns; launches on device arrays only are asynchronous, as in Numba.
+    While someone looks (:data:`daskgpu._runtime.metrics.hook`), the launch is
+    an NVTX range and reports its time by activity (see :class:`LaunchTimes`).
     """
     if config.ntasks is not None and 0 in task_counts(config):
         return  # forall over no tasks launches nothing, as in Numba
+    meter = metrics.hook
+    if meter is None:
+        _run(image, config, args, infos, UNTIMED)
+        return
+    meter.push(image.name)
+    try:
+        _run(image, config, args, infos, LaunchTimes(meter, image.name))
+    finally:
+        meter.pop()
+
+
+def _run(image, config, args, infos, times):
     state = _device.current()
-    kernel = linked(image, state)
+    kernel = linked(image, state)  # reports its own link time
     griddim, blockdim = kernel.dims(config, state, image.name)
     if config.stream:
         stream = driver.CUstream(stream_handle(config.stream))
@@ -68,6 +84,7 @@ def run(image, config, args, infos):
         stream = _device.thread_stream()
     else:
         stream = DEFAULT_STREAM
+    times.linked(stream, state)
     writes = image.writes
     staging = None
     values = []
@@ -96,6 +113,7 @@ def run(image, config, args, infos):
         params = kernel.layout.pack(values)
         if kernel.errcode is not None:
             check(driver.cuMemsetD32Async(kernel.errcode, 0, 1, stream), "cuMemsetD32Async")
+        times.launching(stream)
         if kernel.cooperative:
             err = driver.cuLaunchCooperativeKernel(
                 kernel.function, *griddim, *blockdim, config.sharedmem, stream, params
@@ -106,8 +124,10 @@ def run(image, config, args, infos):
             )[0]
         if err != SUCCESS:  # the message is only formatted when needed
             raise cuda_error(err, f"launching kernel {image.name!r}")
+        times.launched(stream, staging is not None)
         if staging is not None:
             staging.finish()
+            times.waited()
         if kernel.errcode is not None:
             exc = kernel.raised(image, stream)
             if exc is not None:
@@ -172,3 +192,100 @@ def _host_only(infos) -> bool:
                 return False
             has_host = True
     return has_host
+
+
+class LaunchTimes:
+    """The activities of one general-path launch, reported to a meter as it goes.
+
+    From the end of linking (which :func:`~daskgpu._runtime.gpu.linked_kernel.linked`
+    reports) to the launch, the host stages: ``copy-in`` when the launch has
+    host arrays to copy back, else that and the launch itself are ``launch``,
+    and the kernel runs unmeasured, as nothing waits for it. A launch with host
+    arrays waits for its copies back anyway; that wait is split by CUDA events,
+    read once it is over (no wait is added): first what the input copies still
+    took on the device after the host had queued them (``copy-in``), then the
+    kernel's own time (``kernel``), and the rest (``copy-out``). Work queued on
+    the stream before this launch (another launch of a fused task) falls in the
+    rest too. The parts add up to the host's wall time, so that distributed's
+    fine performance metrics stay additive.
+    """
+
+    __slots__ = ("meter", "name", "mark", "launch_at", "events")
+
+    def __init__(self, meter, name: str):
+        self.meter, self.name = meter, name
+        self.mark = self.launch_at = metrics.clock()
+        self.events = ()
+
+    def linked(self, stream, state) -> None:
+        """The kernel is linked: staging starts."""
+        self.events = _thread_events(state)
+        driver.cuEventRecord(self.events[0], stream)
+        self.mark = metrics.clock()
+
+    def launching(self, stream) -> None:
+        """The kernel is about to be launched."""
+        self.launch_at = metrics.clock()
+        driver.cuEventRecord(self.events[1], stream)
+
+    def launched(self, stream, staged: bool) -> None:
+        """The launch is queued; ``staged``: host arrays are to come back, else it is done."""
+        if staged:
+            driver.cuEventRecord(self.events[2], stream)
+        else:
+            self.meter.record(self.name, "launch", metrics.clock() - self.mark)
+
+    def waited(self) -> None:
+        """The host arrays are back: split the wait since the launch."""
+        end = metrics.clock()
+        staged, wait = self.launch_at - self.mark, end - self.launch_at
+        inputs, kernel = _elapsed(*self.events[:2]), _elapsed(*self.events[1:])
+        # The device cannot have started the copies before the host queued them.
+        tail = min(max(inputs - staged, 0.0), wait)
+        kernel = min(kernel, wait - tail)
+        record = self.meter.record
+        record(self.name, "copy-in", staged + tail)
+        record(self.name, "kernel", kernel)
+        record(self.name, "copy-out", wait - tail - kernel)
+
+
+class Untimed:
+    """The :class:`LaunchTimes` of a launch that nobody looks at: it does nothing."""
+
+    __slots__ = ()
+
+    def linked(self, stream, state) -> None:
+        pass
+
+    def launching(self, stream) -> None:
+        pass
+
+    def launched(self, stream, staged: bool) -> None:
+        pass
+
+    def waited(self) -> None:
+        pass
+
+
+UNTIMED = Untimed()
+
+_events = threading.local()  # per thread: {device id: three timing events}
+
+
+def _thread_events(state) -> tuple:
+    """This thread's three timing events on ``state``'s device, made on first use."""
+    made = getattr(_events, "by_device", None)
+    if made is None:
+        made = _events.by_device = {}
+    events = made.get(state.id)
+    if events is None:
+        events = made[state.id] = tuple(
+            check(driver.cuEventCreate(driver.CUevent_flags.CU_EVENT_DEFAULT), "cuEventCreate")
+            for _ in range(3))
+    return events
+
+
+def _elapsed(start, stop) -> float:
+    """Seconds between two completed events; 0 where the driver cannot tell."""
+    err, ms = driver.cuEventElapsedTime(start, stop)
+    return ms / 1000.0 if err == SUCCESS else 0.0

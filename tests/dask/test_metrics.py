@@ -1,0 +1,120 @@
+"""GPU time in distributed's fine performance metrics: what Dask users read on the
+dashboard, in a Span, or from the scheduler, by kernel and activity."""
+
+import time
+
+import dask
+import dask.array as da
+import numpy as np
+import pytest
+from distributed import Client, span
+from numba import cuda
+
+import daskgpu as dg
+from daskgpu._dask.plugin import GPUWorkerPlugin, digest_gpu_time, gpu_label
+from daskgpu._runtime import metrics
+
+dg._config.register()  # before dask.config.set, so the defaults outlive its blocks
+
+
+@dg.jit("void(float32[::1], float32, float32[::1], float32[::1])")
+def saxpy(out, a, x, y):
+    i = cuda.grid(1)
+    if i < out.size:
+        out[i] = a * x[i] + y[i]
+
+
+@pytest.fixture(scope="module")
+def client():
+    with dg.LocalGPUCluster(simulate=True, processes=False, dashboard_address=":0") as cluster:
+        with Client(cluster, set_as_default=False) as client:
+            yield client
+
+
+def _gpu_seconds(metrics_by_key) -> dict:
+    """``{(task prefix, label): seconds}`` of daskgpu's labels among fine performance metrics."""
+    return {(k[1], k[2]): v for k, v in metrics_by_key.items()
+            if k[0] == "execute" and str(k[2]).startswith("daskgpu ") and k[3] == "seconds"}
+
+
+def _scheduler_gpu_seconds(client, label, timeout=20):
+    """The scheduler's cumulative metrics of daskgpu, once ``label`` has arrived
+    (workers send their metrics with their heartbeats)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        found = _gpu_seconds(client.run_on_scheduler(
+            lambda dask_scheduler: dict(dask_scheduler.cumulative_worker_metrics)))
+        if any(k[1] == label for k in found) or time.monotonic() > deadline:
+            return found
+        time.sleep(0.2)
+
+
+def test_map_kernel_reports_kernel_time_by_name_to_the_scheduler(client):
+    x = da.arange(256, chunks=64, dtype=np.float32)
+    z = dg.map_kernel(saxpy, dg.Out(np.float32, like=x), 2.0, x, x)
+    np.testing.assert_array_equal(client.compute(z).result(), 3 * np.arange(256, dtype=np.float32))
+    found = _scheduler_gpu_seconds(client, "daskgpu saxpy kernel")
+    kernel = {prefix: v for (prefix, label), v in found.items() if label == "daskgpu saxpy kernel"}
+    assert kernel and all(v > 0 for v in kernel.values()), found
+
+
+def test_a_span_shows_the_gpu_share_of_its_tasks(client):
+    x = np.arange(64, dtype=np.float32)
+    with span("gpu share") as span_id:
+        out = client.submit(saxpy.forall(64), np.zeros_like(x), 2.0, x, x, pure=False).result()
+    np.testing.assert_array_equal(out, 3 * x)
+
+    def span_metrics(dask_scheduler, span_id=span_id):
+        return dict(dask_scheduler.extensions["spans"].spans[span_id].cumulative_worker_metrics)
+
+    deadline = time.monotonic() + 20
+    while not (found := _gpu_seconds(client.run_on_scheduler(span_metrics))):
+        assert time.monotonic() < deadline, "no daskgpu metrics reached the span"
+        time.sleep(0.2)
+    assert found["saxpy", "daskgpu saxpy kernel"] > 0
+
+
+def _installed() -> int:
+    return metrics._recorders.count(digest_gpu_time)  # one per worker set up in this process
+
+
+def test_the_worker_plugin_installs_its_recorder_and_teardown_removes_it():
+    before = _installed()
+    with dg.LocalGPUCluster(simulate=True, processes=False, devices=[0, 1],
+                            dashboard_address=":0") as cluster:
+        assert len(cluster.workers) == 2
+        assert _installed() == before + 2
+        assert metrics.hook.recorder is digest_gpu_time
+    assert _installed() == before
+
+
+def test_teardown_without_setup_removes_nothing():
+    other = GPUWorkerPlugin()
+    metrics.add_recorder(digest_gpu_time)
+    try:
+        other.teardown(worker=None)
+        assert metrics.hook.recorder is digest_gpu_time
+    finally:
+        metrics.remove_recorder(digest_gpu_time)
+
+
+def test_labels_name_the_kernel_and_the_activity():
+    assert gpu_label("saxpy", "copy-in") == "daskgpu saxpy copy-in"
+
+
+@pytest.mark.gpu
+def test_a_gpu_worker_reports_copies_and_kernel_of_host_chunks():
+    n = 1 << 16
+    # On a GPU, whatever simulated cluster of this module is open in this process.
+    with dask.config.set({"daskgpu.simulate": False}):
+        x = da.arange(n, chunks=n // 4, dtype=np.float32)
+        z = dg.map_kernel(saxpy, dg.Out(np.float32, like=x), 2.0, x, x)
+        with dg.LocalGPUCluster(simulate=False, dashboard_address=":0") as cluster:
+            with Client(cluster, set_as_default=False) as client:
+                result = client.compute(z).result()
+                found = _scheduler_gpu_seconds(client, "daskgpu saxpy copy-out")
+    np.testing.assert_array_equal(result, 3 * np.arange(n, dtype=np.float32))
+    labels = {label for _, label in found}
+    assert {"daskgpu saxpy link", "daskgpu saxpy copy-in", "daskgpu saxpy kernel",
+            "daskgpu saxpy copy-out"} <= labels, found
+    assert all(v >= 0 for v in found.values())
