@@ -25,19 +25,7 @@ import numpy as np
 from daskgpu._bounded import BoundedCache
 from daskgpu._config import flag
 from daskgpu._dask import reduction
-from daskgpu._dask.arguments import (
-    Out,
-    check_axis_changes,
-    check_chunks,
-    check_dtype,
-    check_extras,
-    check_meta,
-    classify,
-    mapped_rank,
-    offset,
-    output_dtype,
-    resolve_outs,
-)
+from daskgpu._dask.arguments import Out, check_extras, classify, mapped_rank, offset
 from daskgpu._dask.chunk_params import ChunkParam, ChunkPlaces, OutParam, PerChunkParam, is_cupy
 from daskgpu._dask.chunk_task import ChunkLaunch, run_chunk
 from daskgpu._dask.launch_plan import (
@@ -48,6 +36,14 @@ from daskgpu._dask.launch_plan import (
     plan_params,
     select_image,
     shipped,
+)
+from daskgpu._dask.map_keywords import (
+    check_axis_changes,
+    check_chunks,
+    check_dtype,
+    check_meta,
+    output_dtype,
+    resolve_outs,
 )
 from daskgpu._dask.placement import GPU, ensure_placement
 from daskgpu._dask.plugin import SIMULATED_METRIC
