@@ -52,7 +52,7 @@ _NOT_REBUILDABLE = frozenset({
 })
 
 
-def _compile_all(records, progress=lambda done, total: None):
+def _compile_all(records):
     import numba.cuda
 
     import daskgpu as dg
@@ -64,8 +64,7 @@ def _compile_all(records, progress=lambda done, total: None):
     cc = tuple(int(p) for p in str(_config.get("target-cc")).split("."))
     with kernel_refs.no_gpu_imports() as jit:
         rebuild = kernel_refs.Rebuilder(jit)
-        for done, r in enumerate(records):
-            progress(done, len(records))
+        for r in records:
             where = f"{r['module']}:{r['qualname']}{r['argtypes']}"
             try:
                 fn = rebuild.function(r["function"]) if r["function"] else None
@@ -97,10 +96,44 @@ def _compile_all(records, progress=lambda done, total: None):
     return counts, lost, pickles
 
 
-class _Progress:
-    """A line on the terminal every 30 s: the check takes minutes on a small machine."""
+def _compile_part(start, stop):
+    """In a process of its own: :func:`_compile_all` of the manifest's records[start:stop]."""
+    import warnings
 
-    def __init__(self, capsys, start, every=30.0):
+    warnings.filterwarnings("ignore", ".*debug=True with opt=True")  # as pytestmark, here
+    return _compile_all(_records()[start:stop])
+
+
+def _compile_in_processes(records, progress, parts=8):
+    """:func:`_compile_all` of ``records`` in contiguous parts, on every core the machine
+    gives (the rest of the suite runs on one); a line of progress as each part ends."""
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+    from multiprocessing import get_context
+
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    bounds = [len(records) * i // parts for i in range(parts + 1)]
+    counts = {"recorded": len(records), "compiled": 0, "not_rebuilt": 0, "numba_cannot": 0}
+    lost, pickles, done = [], [], 0
+    # spawn: a forked child would inherit numba's LLVM state mid-use.
+    with ProcessPoolExecutor(max(1, min(cores or 1, 4)), mp_context=get_context("spawn")) as pool:
+        futures = {pool.submit(_compile_part, a, b): b - a for a, b in zip(bounds, bounds[1:])}
+        for future in as_completed(futures):
+            part_counts, part_lost, part_pickles = future.result()
+            for key, value in part_counts.items():
+                if key == "recorded":
+                    continue
+                counts[key] = counts.get(key, [] if isinstance(value, list) else 0) + value
+            lost += part_lost
+            pickles += part_pickles
+            done += futures[future]
+            progress(done, len(records))
+    return counts, lost, pickles
+
+
+class _Progress:
+    """A line on the terminal as parts end, at most every 20 s: the check takes minutes."""
+
+    def __init__(self, capsys, start, every=20.0):
         self.capsys, self.start, self.every = capsys, start, every
         self.shown = start
 
@@ -131,7 +164,7 @@ print(len(kernels))
 def test_every_recorded_kernel_compiles_and_ships_ptx_only_with_no_driver(capsys):
     start = time.perf_counter()
     records = _records()
-    counts, lost, pickles = _compile_all(records, _Progress(capsys, start))
+    counts, lost, pickles = _compile_in_processes(records, _Progress(capsys, start))
     proc = subprocess.run([sys.executable, "-c", _LOAD_WITHOUT_NUMBA], input=pickle.dumps(pickles),
                           capture_output=True, timeout=300)
     assert proc.returncode == 0, proc.stderr.decode()[-2000:]
