@@ -16,6 +16,7 @@ import time
 
 import numpy as np
 import pytest
+from batch_helpers import SAXPY_FILE, SAXPY_SIG, saxpy, write_zarr
 from numba import cuda
 
 import daskgpu as dg
@@ -24,24 +25,7 @@ from daskgpu._dask.batch import BatchError, run_batch
 from daskgpu._dask.batch.ledger import LEDGER, done_chunks
 
 zarr = pytest.importorskip("zarr")
-from distributed import Client, get_task_stream  # noqa: E402
-
-SAXPY_SIG = "void(float32[::1], float32, float32[::1], float32[::1])"
-KERNEL_FILE = '''
-from numba import cuda
-
-def saxpy(out, a, x, y):
-    i = cuda.grid(1)
-    if i < out.size:
-        out[i] = a * x[i] + y[i]
-'''
-
-
-@dg.jit(SAXPY_SIG)
-def saxpy(out, a, x, y):
-    i = cuda.grid(1)
-    if i < out.size:
-        out[i] = a * x[i] + y[i]
+from distributed import get_task_stream  # noqa: E402
 
 
 @dg.jit("void(float64[::1], int64[::1], float64[::1])")
@@ -60,21 +44,6 @@ def sum_diff(s, d, x, y):
         d[i, j] = x[i, j] - y[i, j]
 
 
-@pytest.fixture(scope="module")
-def client():
-    # Threaded simulated workers in this process, on TCP so a subprocess can connect.
-    with dg.LocalGPUCluster(simulate=True, processes=False, protocol="tcp://",
-                            dashboard_address=":0") as cluster, Client(cluster) as c:
-        yield c
-
-
-def _zarr(path, data, chunks):
-    z = zarr.open_array(str(path), mode="w", shape=data.shape, chunks=chunks,
-                        dtype=data.dtype)
-    z[...] = data
-    return str(path)
-
-
 @pytest.fixture
 def saxpy_job(tmp_path):
     """x in zarr (10 chunks of 40), y in .npy; z = 2x + y."""
@@ -82,7 +51,7 @@ def saxpy_job(tmp_path):
     y = np.linspace(-1, 1, 400, dtype=np.float32)
     np.save(tmp_path / "y.npy", y)
     return {
-        "inputs": [_zarr(tmp_path / "x.zarr", x, 40), str(tmp_path / "y.npy")],
+        "inputs": [write_zarr(tmp_path / "x.zarr", x, 40), str(tmp_path / "y.npy")],
         "outputs": [(str(tmp_path / "z.zarr"), np.float32)],
         "scalars": [np.float32(2)],
         "expected": np.float32(2) * x + y,
@@ -175,8 +144,8 @@ def test_failed_chunk_is_retried_reported_and_recomputed_alone(client, tmp_path)
     perm = np.tile(np.arange(30)[::-1], 8)  # reverses each chunk of 30
     bad = perm.copy()
     bad[95] = 10_000  # a corrupt index in chunk 3
-    perm_path = _zarr(tmp_path / "perm.zarr", bad, 30)
-    inputs = [perm_path, _zarr(tmp_path / "x.zarr", x, 30)]
+    perm_path = write_zarr(tmp_path / "perm.zarr", bad, 30)
+    inputs = [perm_path, write_zarr(tmp_path / "x.zarr", x, 30)]
     out = str(tmp_path / "y.zarr")
     expected = x.reshape(8, 30)[:, ::-1].ravel()
 
@@ -262,7 +231,7 @@ def test_bad_jobs_are_refused_before_anything_runs(client, saxpy_job, tmp_path):
 # -- command line ----------------------------------------------------------------
 def _argv(tmp_path, job, *extra):
     kernel = tmp_path / "batchkern.py"
-    kernel.write_text(KERNEL_FILE)
+    kernel.write_text(SAXPY_FILE)
     argv = [f"{kernel}:saxpy", "--sig", SAXPY_SIG, "--scalar", "2.0", "--no-progress"]
     for p in job["inputs"]:
         argv += ["--input", p]
@@ -303,7 +272,7 @@ def test_cli_usage_errors_exit_2(argv, message, capsys, tmp_path, monkeypatch):
 def test_cli_interrupted_by_ctrl_c_loses_and_repeats_nothing(client, tmp_path):
     x = np.arange(4000, dtype=np.float32)
     y = np.ones(4000, np.float32)
-    job = {"inputs": [_zarr(tmp_path / "x.zarr", x, 200), _zarr(tmp_path / "y.zarr", y, 200)],
+    job = {"inputs": [write_zarr(tmp_path / "x.zarr", x, 200), write_zarr(tmp_path / "y.zarr", y, 200)],
            "outputs": [(str(tmp_path / "z.zarr"), np.float32)]}
     out = job["outputs"][0][0]
     argv = _argv(tmp_path, job, "--scheduler", client.scheduler.address, "--simulate")

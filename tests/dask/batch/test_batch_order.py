@@ -24,7 +24,6 @@ from daskgpu._dask.batch import BatchError, run_batch
 from daskgpu._dask.batch.ledger import done_chunks
 
 zarr = pytest.importorskip("zarr")
-from distributed import Client  # noqa: E402
 
 KERNELS = '''
 from numba import cuda
@@ -39,13 +38,6 @@ def saxpy(out, a, x, y):
     if i < out.size:
         out[i] = a * x[i] + y[i]
 '''
-
-
-@pytest.fixture(scope="module")
-def client():
-    with dg.LocalGPUCluster(simulate=True, processes=False, protocol="tcp://",
-                            dashboard_address=":0") as cluster, Client(cluster) as c:
-        yield c
 
 
 @pytest.fixture

@@ -11,66 +11,25 @@ import os
 
 import numpy as np
 import pytest
-from numba import cuda
+from batch_helpers import AFFINE_FILE, AFFINE_SIG, affine, tree, write_zarr
 
-import daskgpu as dg
 from daskgpu._cli.batch import main
 from daskgpu._dask.batch import BatchError, run_batch
 from daskgpu._dask.batch.inputs import open_inputs
 from daskgpu._dask.batch.ledger import JOB, LEDGER, done_chunks
 
 zarr = pytest.importorskip("zarr")
-from distributed import Client  # noqa: E402
-
-AFFINE_SIG = "void(float64[::1], float64, float64[::1])"
-KERNEL_FILE = '''
-from numba import cuda
-
-def affine(out, a, x):
-    i = cuda.grid(1)
-    if i < out.size:
-        out[i] = a * x[i] + 1.0
-'''
-
-
-@dg.jit(AFFINE_SIG)
-def affine(out, a, x):
-    i = cuda.grid(1)
-    if i < out.size:
-        out[i] = a * x[i] + 1.0
-
-
-@pytest.fixture(scope="module")
-def client():
-    with dg.LocalGPUCluster(simulate=True, processes=False, dashboard_address=":0") as cluster, \
-            Client(cluster) as c:
-        yield c
-
-
-def _zarr(path, data, chunks):
-    z = zarr.open_array(str(path), mode="w", shape=data.shape, chunks=chunks, dtype=data.dtype)
-    z[...] = data
-    return str(path)
 
 
 def _run(client, inputs, out, **kw):
     return run_batch(affine, inputs, [out], scalars=[2.0], client=client, progress=False, **kw)
 
 
-def _tree(path):
-    out = {}
-    for root, _, files in os.walk(path):
-        for f in files:
-            with open(os.path.join(root, f), "rb") as fh:
-                out[os.path.relpath(os.path.join(root, f), path)] = fh.read()
-    return out
-
-
 @pytest.fixture
 def done(client, tmp_path):
     """A finished job: x (10 chunks of 10) to z.zarr."""
     x = np.arange(100.0)
-    xz = _zarr(tmp_path / "x.zarr", x, 10)
+    xz = write_zarr(tmp_path / "x.zarr", x, 10)
     out = str(tmp_path / "z.zarr")
     assert _run(client, [xz], out).complete
     return {"x": x, "inputs": [xz], "out": out}
@@ -81,8 +40,8 @@ def test_relative_zarr_inputs_are_read_where_the_client_meant(tmp_path, monkeypa
     here, there = tmp_path / "client", tmp_path / "worker"
     here.mkdir()
     there.mkdir()
-    _zarr(here / "x.zarr", np.ones(20), 10)
-    _zarr(there / "x.zarr", np.full(20, 2.0), 10)  # what a worker in another folder sees
+    write_zarr(here / "x.zarr", np.ones(20), 10)
+    write_zarr(there / "x.zarr", np.full(20, 2.0), 10)  # what a worker in another folder sees
     np.save(here / "y.npy", np.ones(20))
     np.save(there / "y.npy", np.full(20, 2.0))
     monkeypatch.chdir(here)
@@ -94,32 +53,32 @@ def test_relative_zarr_inputs_are_read_where_the_client_meant(tmp_path, monkeypa
 
 # -- outputs: only what a batch job created is replaced ---------------------------------
 def test_a_zarr_group_is_never_deleted(client, tmp_path, capsys):
-    xz = _zarr(tmp_path / "x.zarr", np.arange(100.0), 10)
+    xz = write_zarr(tmp_path / "x.zarr", np.arange(100.0), 10)
     group = zarr.open_group(str(tmp_path / "g.zarr"), mode="w")
     group.create_array("kept", shape=(5,), dtype="f8")[...] = 7.0
-    before = _tree(tmp_path / "g.zarr")
+    before = tree(tmp_path / "g.zarr")
     for resume in (True, False):
         with pytest.raises(BatchError, match="is a zarr group.*never deleted") as err:
             _run(client, [xz], str(tmp_path / "g.zarr"), resume=resume)
         assert "--no-resume" not in str(err.value)
     assert _cli(tmp_path, [xz], tmp_path / "g.zarr", "--no-resume") == 2
     assert "is a zarr group" in capsys.readouterr().err
-    assert _tree(tmp_path / "g.zarr") == before
+    assert tree(tmp_path / "g.zarr") == before
     inside = str(tmp_path / "g.zarr" / "out")  # a new array inside the group is fine
     assert _run(client, [xz], inside).complete
     np.testing.assert_array_equal(zarr.open_group(str(tmp_path / "g.zarr"))["kept"][:], 7.0)
 
 
 def test_a_zarr_array_the_job_did_not_create_is_never_deleted(client, tmp_path):
-    xz = _zarr(tmp_path / "x.zarr", np.arange(100.0), 10)
-    mine = _zarr(tmp_path / "mine.zarr", np.full(100, 5.0), 10)
-    before = _tree(mine)
+    xz = write_zarr(tmp_path / "x.zarr", np.arange(100.0), 10)
+    mine = write_zarr(tmp_path / "mine.zarr", np.full(100, 5.0), 10)
+    before = tree(mine)
     for resume in (True, False):
         with pytest.raises(BatchError, match="zarr array that daskgpu batch did not create"
                            ) as err:
             _run(client, [xz], mine, resume=resume)
         assert "--no-resume" not in str(err.value)
-    assert _tree(mine) == before
+    assert tree(mine) == before
 
 
 @pytest.mark.parametrize("edit,what", [
@@ -144,7 +103,7 @@ def test_edited_output_metadata_is_refused_not_reported_complete(client, done, e
 # -- a damaged ledger or metadata: one line, and a rerun that recovers ----------------------
 def _cli(tmp_path, inputs, output, *extra):
     kernel = tmp_path / "outkern.py"
-    kernel.write_text(KERNEL_FILE)
+    kernel.write_text(AFFINE_FILE)
     argv = [f"{kernel}:affine", "--sig", AFFINE_SIG, "--scalar", "2.0", "--no-progress"]
     for p in inputs:
         argv += ["--input", str(p)]

@@ -16,55 +16,13 @@ import time
 
 import numpy as np
 import pytest
-from numba import cuda
+from batch_helpers import AFFINE_FILE, AFFINE_SIG, affine, tree, write_zarr
 
-import daskgpu as dg
 from daskgpu._cli.batch import main
 from daskgpu._dask.batch import BatchError, run_batch
 from daskgpu._dask.batch.ledger import LEDGER, done_chunks
 
 zarr = pytest.importorskip("zarr")
-from distributed import Client  # noqa: E402
-
-AFFINE_SIG = "void(float64[::1], float64, float64[::1])"
-KERNEL_FILE = '''
-from numba import cuda
-
-def affine(out, a, x):
-    i = cuda.grid(1)
-    if i < out.size:
-        out[i] = a * x[i] + 1.0
-'''
-
-
-@dg.jit(AFFINE_SIG)
-def affine(out, a, x):
-    i = cuda.grid(1)
-    if i < out.size:
-        out[i] = a * x[i] + 1.0
-
-
-@pytest.fixture(scope="module")
-def client():
-    with dg.LocalGPUCluster(simulate=True, processes=False, dashboard_address=":0") as cluster, \
-            Client(cluster) as c:
-        yield c
-
-
-def _zarr(path, data, chunks):
-    z = zarr.open_array(str(path), mode="w", shape=data.shape, chunks=chunks, dtype=data.dtype)
-    z[...] = data
-    return str(path)
-
-
-def _tree(path):
-    """Every file under ``path`` with its bytes: to show that nothing changed."""
-    out = {}
-    for root, _, files in os.walk(path):
-        for f in files:
-            with open(os.path.join(root, f), "rb") as fh:
-                out[os.path.relpath(os.path.join(root, f), path)] = fh.read()
-    return out
 
 
 def _run(client, inputs, outputs, **kw):
@@ -73,7 +31,7 @@ def _run(client, inputs, outputs, **kw):
 
 def _cli(tmp_path, inputs, output, *extra):
     kernel = tmp_path / "affkern.py"
-    kernel.write_text(KERNEL_FILE)
+    kernel.write_text(AFFINE_FILE)
     argv = [f"{kernel}:affine", "--sig", AFFINE_SIG, "--scalar", "2.0", "--no-progress"]
     for p in inputs:
         argv += ["--input", str(p)]
@@ -83,31 +41,31 @@ def _cli(tmp_path, inputs, output, *extra):
 # -- 1. inputs are never destroyed ------------------------------------------------------
 @pytest.mark.parametrize("resume", [True, False])
 def test_output_that_is_an_input_is_refused_and_the_input_kept(client, tmp_path, resume):
-    x = _zarr(tmp_path / "x.zarr", np.arange(100.0), 10)
+    x = write_zarr(tmp_path / "x.zarr", np.arange(100.0), 10)
     np.save(tmp_path / "y.npy", np.arange(100.0))
-    before = _tree(x), (tmp_path / "y.npy").read_bytes()
+    before = tree(x), (tmp_path / "y.npy").read_bytes()
     for out in (x, str(tmp_path / "y.npy"), str(tmp_path / "x.zarr" / "inner.zarr"),
                 str(tmp_path)):
         with pytest.raises(BatchError, match="outside every input") as err:
             _run(client, [x, str(tmp_path / "y.npy")], [out], resume=resume)
         assert "--no-resume" not in str(err.value)
-    assert (_tree(x), (tmp_path / "y.npy").read_bytes()) == before
+    assert (tree(x), (tmp_path / "y.npy").read_bytes()) == before
     np.testing.assert_array_equal(zarr.open_array(x, mode="r")[:], np.arange(100.0))
 
 
 def test_cli_output_equal_to_input_exits_2_with_no_resume(client, tmp_path, capsys):
-    x = _zarr(tmp_path / "x.zarr", np.arange(100.0), 10)
-    before = _tree(x)
+    x = write_zarr(tmp_path / "x.zarr", np.arange(100.0), 10)
+    before = tree(x)
     address = ["--scheduler", client.scheduler.address, "--simulate"]
     assert _cli(tmp_path, [x], x, "--no-resume", *address) == 2
     assert "outside every input" in capsys.readouterr().err
-    assert _tree(x) == before
+    assert tree(x) == before
 
 
 # -- 2. resume knows what it resumes --------------------------------------------------
 def test_changed_input_recomputes_only_the_affected_chunks(client, tmp_path):
     x = np.arange(200.0)
-    xz = _zarr(tmp_path / "x.zarr", x, 20)
+    xz = write_zarr(tmp_path / "x.zarr", x, 20)
     np.save(tmp_path / "w.npy", x)
     out = str(tmp_path / "z.zarr")
     assert _run(client, [xz], [out]).complete
@@ -131,7 +89,7 @@ def test_changed_input_recomputes_only_the_affected_chunks(client, tmp_path):
 
 def test_missing_or_damaged_output_chunks_are_recomputed(client, tmp_path):
     x = np.linspace(0, 1, 200)
-    xz = _zarr(tmp_path / "x.zarr", x, 20)
+    xz = write_zarr(tmp_path / "x.zarr", x, 20)
     out = str(tmp_path / "z.zarr")
     assert _run(client, [xz], [out]).complete
     os.unlink(os.path.join(out, "c", "3"))  # deleted, its marker kept
@@ -147,7 +105,7 @@ def test_missing_or_damaged_output_chunks_are_recomputed(client, tmp_path):
 
 
 def test_all_fill_value_chunks_are_stored_and_checked(client, tmp_path):
-    xz = _zarr(tmp_path / "x.zarr", np.full(40, -0.5), 10)  # 2 * -0.5 + 1 == 0, the fill
+    xz = write_zarr(tmp_path / "x.zarr", np.full(40, -0.5), 10)  # 2 * -0.5 + 1 == 0, the fill
     out = str(tmp_path / "z.zarr")
     assert _run(client, [xz], [out]).complete
     assert sorted(os.listdir(os.path.join(out, "c"))) == ["0", "1", "2", "3"]
@@ -157,7 +115,7 @@ def test_all_fill_value_chunks_are_stored_and_checked(client, tmp_path):
 
 # -- 3 and 4. arguments refused before anything is written, in one line -----------------
 def test_cli_output_specs_and_usage_errors_exit_2_creating_nothing(client, tmp_path, capsys):
-    x = _zarr(tmp_path / "x.zarr", np.arange(100.0), 10)
+    x = write_zarr(tmp_path / "x.zarr", np.arange(100.0), 10)
     address = ["--scheduler", client.scheduler.address, "--simulate"]
     cases = [
         ([x], tmp_path / "z.zarr:floot32", [], "floot32"),
@@ -179,7 +137,7 @@ def test_cli_output_specs_and_usage_errors_exit_2_creating_nothing(client, tmp_p
 
 
 def test_cli_damaged_job_json_exits_2_naming_the_file(client, tmp_path, capsys):
-    x = _zarr(tmp_path / "x.zarr", np.arange(100.0), 10)
+    x = write_zarr(tmp_path / "x.zarr", np.arange(100.0), 10)
     out = tmp_path / "z.zarr"
     address = ["--scheduler", client.scheduler.address, "--simulate"]
     assert _cli(tmp_path, [x], out, *address, "--max-chunks", "2") == 3
@@ -190,7 +148,7 @@ def test_cli_damaged_job_json_exits_2_naming_the_file(client, tmp_path, capsys):
 
 
 def test_api_mistakes_get_one_line_errors_naming_the_fix(client, tmp_path):
-    x = _zarr(tmp_path / "x.zarr", np.arange(100.0), 10)
+    x = write_zarr(tmp_path / "x.zarr", np.arange(100.0), 10)
     z = str(tmp_path / "z.zarr")
     with pytest.raises(BatchError, match=r"outputs=\[.*z\.zarr'\]"):
         _run(client, [x], z)
@@ -312,7 +270,7 @@ def test_sigkill_at_random_points_then_rerun_is_exact(client, tmp_path, monkeypa
             d = tmp_path / f"t{t}"
             d.mkdir()
             np.save(d / "x.npy", x)
-            _zarr(d / "y.zarr", y, 10)
+            write_zarr(d / "y.zarr", y, 10)
             zygote.stdin.write(f"{d}\n")
             zygote.stdin.flush()
             pid = int(zygote.stdout.readline())

@@ -18,9 +18,8 @@ import time
 
 import numpy as np
 import pytest
-from numba import cuda
+from batch_helpers import SAXPY_FILE, SAXPY_SIG, saxpy, write_zarr
 
-import daskgpu as dg
 from daskgpu._cli.batch import main
 from daskgpu._dask.batch import BatchError, run_batch
 from daskgpu._dask.batch.ledger import LEDGER, done_chunks
@@ -28,37 +27,6 @@ from daskgpu._dask.batch.lock import OutputLock, lock_path
 from daskgpu._dask.batch.store import ChunkWriter
 
 zarr = pytest.importorskip("zarr")
-from distributed import Client  # noqa: E402
-
-SAXPY_SIG = "void(float32[::1], float32, float32[::1], float32[::1])"
-KERNEL_FILE = '''
-from numba import cuda
-
-def saxpy(out, a, x, y):
-    i = cuda.grid(1)
-    if i < out.size:
-        out[i] = a * x[i] + y[i]
-'''
-
-
-@dg.jit(SAXPY_SIG)
-def saxpy(out, a, x, y):
-    i = cuda.grid(1)
-    if i < out.size:
-        out[i] = a * x[i] + y[i]
-
-
-@pytest.fixture(scope="module")
-def client():
-    with dg.LocalGPUCluster(simulate=True, processes=False, protocol="tcp://",
-                            dashboard_address=":0") as cluster, Client(cluster) as c:
-        yield c
-
-
-def _zarr(path, data, chunks):
-    z = zarr.open_array(str(path), mode="w", shape=data.shape, chunks=chunks, dtype=data.dtype)
-    z[...] = data
-    return str(path)
 
 
 @pytest.fixture
@@ -66,7 +34,7 @@ def job(tmp_path):
     """z = a x + y over 4000 elements in 20 chunks: long enough to overlap a second run."""
     x = np.arange(4000, dtype=np.float32)
     y = np.ones(4000, np.float32)
-    return {"inputs": [_zarr(tmp_path / "x.zarr", x, 200), _zarr(tmp_path / "y.zarr", y, 200)],
+    return {"inputs": [write_zarr(tmp_path / "x.zarr", x, 200), write_zarr(tmp_path / "y.zarr", y, 200)],
             "out": str(tmp_path / "z.zarr"), "x": x, "y": y}
 
 
@@ -81,7 +49,7 @@ def _result(job):
 
 def _argv(tmp_path, job, a, *extra):
     kernel = tmp_path / "writerkern.py"
-    kernel.write_text(KERNEL_FILE)
+    kernel.write_text(SAXPY_FILE)
     argv = [f"{kernel}:saxpy", "--sig", SAXPY_SIG, "--scalar", f"float32:{a}", "--no-progress"]
     for p in job["inputs"]:
         argv += ["--input", p]
