@@ -7,6 +7,10 @@ holding process dies: a crashed or killed run never blocks the next one. The
 file names the holder (host, pid, job nonce) for the refusal message and is
 removed when the run ends.
 
+A second lock, :func:`writers`, orders the chunk tasks' writes against a run
+that replaces the output: tasks of a run whose client died can outlive it on
+the workers.
+
 Some network filesystems refuse ``flock`` (Lustre without ``-o flock``, NFS
 without a lock manager). There the lock is the file itself, created with
 ``O_CREAT | O_EXCL``; a holder on this host whose process is gone is taken
@@ -16,14 +20,16 @@ alive there (the message says so).
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
 import socket
 
+from daskgpu._dask.batch.ledger import LEDGER
 from daskgpu._errors import BatchError
 
-__all__ = ["OutputLock", "lock_path"]
+__all__ = ["OutputLock", "WRITERS", "lock_path", "writers"]
 
 #: ``flock`` errors meaning "this filesystem does not do it", not "someone holds it".
 _NO_FLOCK = {errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL}
@@ -187,3 +193,44 @@ def _unlink(path) -> None:
         os.unlink(path)
     except FileNotFoundError:
         pass
+
+
+#: The file, in the output's ledger folder, that orders chunk writes against replacing it.
+WRITERS = "writers.lock"
+
+
+@contextlib.contextmanager
+def writers(output, exclusive: bool = False):
+    """Hold ``output``'s writers' lock: shared (a chunk task) or exclusive (replacing it).
+
+    A chunk task holds it shared from checking its job's nonce to recording the
+    chunk; a run that replaces the output holds it exclusive while it swaps the
+    directories. A write already in flight so lands in the old output, deleted
+    after, and any later one reads the new job's nonce and writes nothing: a task
+    of a run whose client died, on workers that lived on, cannot put its chunk in
+    a new job's output. The file lives in the output's ledger folder and goes with
+    it; where there is none yet, or the filesystem refuses ``flock``, nothing is held.
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> with writers(tempfile.mkdtemp()):  # no ledger folder: nothing to hold
+    ...     pass
+    """
+    import fcntl
+
+    try:
+        fd = os.open(os.path.join(os.fspath(output), LEDGER, WRITERS), os.O_RDWR | os.O_CREAT,
+                     0o644)
+    except (FileNotFoundError, NotADirectoryError):
+        yield
+        return
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        except OSError as exc:
+            if exc.errno not in _NO_FLOCK:
+                raise
+        yield
+    finally:
+        os.close(fd)  # closing the last descriptor releases the lock

@@ -12,6 +12,7 @@ plans and runs the job.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -23,6 +24,7 @@ import numpy as np
 from daskgpu._dask.batch import ledger as _ledger
 from daskgpu._dask.batch.inputs import as_paths, import_zarr
 from daskgpu._dask.batch.ledger import LEDGER, done_chunks
+from daskgpu._dask.batch.lock import writers
 from daskgpu._errors import BatchError, LedgerError
 
 __all__ = ["ChunkCheck", "ChunkWriter", "check_no_overlap", "output_paths", "output_specs",
@@ -266,10 +268,13 @@ def _create_output(path, dtype, shape, chunksize, job) -> None:
                 fsync(os.path.join(root, f))
             fsync_up(root, new)
         old = None
-        if os.path.exists(path):
-            old = _sibling(path, "old")
-            os.rename(path, old)
-        os.rename(new, path)
+        # Exclusive: chunk tasks still writing to the old output finish first, and
+        # every later one finds the new job's nonce.
+        with writers(path, exclusive=True):
+            if os.path.exists(path):
+                old = _sibling(path, "old")
+                os.rename(path, old)
+            os.rename(new, path)
         fsync(folder)
     except BaseException:
         shutil.rmtree(new, ignore_errors=True)
@@ -317,6 +322,14 @@ class ChunkWriter:
         return ChunkWriter, (self.paths, self.chunksize, self.nonces)
 
     def __call__(self, *blocks, block_id=None):
+        # From the nonce check to the marker, no run may swap an output in: a write
+        # in flight lands in the output it checked (see lock.writers).
+        with contextlib.ExitStack() as held:
+            for path in sorted(set(self.paths)):
+                held.enter_context(writers(path))
+            return self._write(blocks, block_id)
+
+    def _write(self, blocks, block_id):
         from daskgpu._files import fsync_up
 
         outs, ins = blocks[:len(self.paths)], blocks[len(self.paths):]

@@ -150,3 +150,53 @@ def test_a_task_of_a_replaced_instance_writes_nothing(client, job):
         stale(np.full(200, 7, np.float32), block_id=(1,))
     np.testing.assert_array_equal(_result(job), before)
     assert done_chunks(job["out"]) == {(0,)}
+
+
+def test_a_write_in_flight_when_its_output_is_recreated_never_lands_in_the_new_one(
+        client, job, monkeypatch):
+    # A task of a run whose client died can outlive it on the workers. Here one has
+    # checked its job's nonce and is about to write when a new run recreates the output.
+    import contextlib
+    import threading
+
+    from daskgpu._dask.batch import store
+    from daskgpu._dask.batch.ledger import read_job
+
+    _run(job, client, 2, max_chunks=1)
+    stale = ChunkWriter([job["out"]], (200,), [read_job(job["out"])["nonce"]])
+    checked, go = threading.Event(), threading.Event()
+    opening, locking = store._open_output, store.writers
+    swap_wanted, swapping = threading.Event(), threading.Event()
+
+    def held_open(path, mode="r+"):
+        if threading.current_thread().name == "stale":
+            checked.set()
+            go.wait(timeout=60)
+        return opening(path, mode)
+
+    @contextlib.contextmanager
+    def watched(path, exclusive=False):
+        if exclusive:
+            swap_wanted.set()
+        with locking(path, exclusive):
+            if exclusive:
+                swapping.set()
+            yield
+
+    monkeypatch.setattr(store, "_open_output", held_open)
+    monkeypatch.setattr(store, "writers", watched)
+    writer = threading.Thread(name="stale", daemon=True,
+                              target=lambda: stale(np.full(200, 7, np.float32), block_id=(1,)))
+    writer.start()
+    assert checked.wait(timeout=60)
+    rerun = threading.Thread(daemon=True, target=lambda: _run(job, client, 3, resume=False))
+    rerun.start()
+    assert swap_wanted.wait(timeout=60)
+    if swapping.wait(timeout=1.0):  # nothing held the swap back: let the new run finish
+        rerun.join(timeout=120)
+    go.set()  # the stale task writes now
+    writer.join(timeout=60)
+    rerun.join(timeout=120)
+    assert not rerun.is_alive()
+    np.testing.assert_array_equal(_result(job), 3 * job["x"] + job["y"])
+    assert len(done_chunks(job["out"])) == 20
