@@ -50,10 +50,15 @@ def driver_12_9(monkeypatch):
 
 
 def elf_sm(cubin: bytes) -> int:
-    """The SM a cubin is for, from its ELF header (EM_CUDA, e_flags; sm < 100)."""
+    """The SM a cubin is for, from its ELF header (EM_CUDA, e_flags).
+
+    CUDA's ELF ABI version 7 keeps the SM in e_flags' low byte (sm_90: 0x5a055a);
+    version 8, which CUDA 13's nvJitLink writes, in the byte above (sm_100: 0x6006402).
+    """
     assert cubin[:4] == b"\x7fELF"
     assert struct.unpack_from("<H", cubin, 18)[0] == 190  # EM_CUDA
-    return struct.unpack_from("<I", cubin, 48)[0] & 0xFF
+    flags = struct.unpack_from("<I", cubin, 48)[0]
+    return (flags >> 8) & 0xFF if cubin[8] >= 8 else flags & 0xFF
 
 
 # -- PTX ISA versions ------------------------------------------------------------------------------
