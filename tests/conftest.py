@@ -1,7 +1,14 @@
 import functools
+import os
+import sys
 
 import pytest
 from numba import cuda
+
+# Test helper modules in this folder (restart_helpers) import by name, also in the
+# worker processes the tests spawn: the suite imports in importlib mode, which puts
+# no test folder on sys.path.
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 
 @functools.cache

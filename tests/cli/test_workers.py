@@ -12,6 +12,7 @@ import dask
 import numpy as np
 import pytest
 from numba import cuda
+from restart_helpers import SLOW_MODULE, lose_the_context
 
 import daskgpu as dg
 from daskgpu import _config
@@ -170,23 +171,6 @@ def test_nannies_bound_each_worker_start_as_local_gpu_cluster_does():
     assert spec["death_timeout"] == WORKER_START_TIMEOUT == 120
     (spec,) = nanny_options("tcp://s:8786", simulate=True, death_timeout=30)
     assert spec["death_timeout"] == 30
-
-
-SLOW_MODULE = """
-import time
-
-try:
-    with open({marker!r}) as f:
-        time.sleep(float(f.read()))
-except FileNotFoundError:
-    pass
-"""
-
-
-def lose_the_context():
-    from daskgpu._errors import ContextLostError
-
-    raise ContextLostError(700, "launching kernel 'k' failed: CUDA_ERROR_ILLEGAL_ADDRESS")
 
 
 def test_a_worker_restarted_after_a_lost_context_comes_back_after_a_slow_import(tmp_path):

@@ -17,6 +17,7 @@ import time
 import dask
 import pytest
 from distributed import Client
+from restart_helpers import SLOW_MODULE, lose_the_context
 
 import daskgpu as dg
 
@@ -26,25 +27,6 @@ SLOW_IMPORT = 3
 # (slow, shared) machine, also while the rest of the suite loads its two cores
 # (15 s was not, once); short enough for a test that waits it out.
 DEATH_TIMEOUT = 40
-
-SLOW_MODULE = """
-import time
-
-try:
-    with open({marker!r}) as f:
-        time.sleep(float(f.read()))
-except FileNotFoundError:
-    pass
-"""
-
-
-def lose_the_context():
-    # What the runtime raises after a sticky CUDA error; GPUWorkerPlugin then
-    # closes the worker process and its nanny starts a fresh one.
-    from daskgpu._errors import ContextLostError
-
-    raise ContextLostError(700, "launching kernel 'k' failed: CUDA_ERROR_ILLEGAL_ADDRESS")
-
 
 @pytest.fixture(scope="module")
 def marker(tmp_path_factory):
