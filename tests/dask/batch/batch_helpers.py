@@ -63,3 +63,16 @@ def tree(path) -> dict:
             with open(os.path.join(root, f), "rb") as fh:
                 out[os.path.relpath(os.path.join(root, f), path)] = fh.read()
     return out
+
+
+def affine_cli(tmp_path, inputs, output, *extra) -> int:
+    """``daskgpu batch`` of :data:`AFFINE_FILE` (written into ``tmp_path``) with scalar 2.0
+    over ``inputs`` into ``output``; the exit status."""
+    from daskgpu._cli.batch import main
+
+    kernel = tmp_path / "affine_kernel.py"
+    kernel.write_text(AFFINE_FILE)
+    argv = [f"{kernel}:affine", "--sig", AFFINE_SIG, "--scalar", "2.0", "--no-progress"]
+    for p in inputs:
+        argv += ["--input", str(p)]
+    return main(argv + ["--output", str(output), *extra])

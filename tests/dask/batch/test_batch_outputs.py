@@ -11,9 +11,8 @@ import os
 
 import numpy as np
 import pytest
-from batch_helpers import AFFINE_FILE, AFFINE_SIG, affine, tree, write_zarr
+from batch_helpers import affine, affine_cli, tree, write_zarr
 
-from daskgpu._cli.batch import main
 from daskgpu._dask.batch import BatchError, run_batch
 from daskgpu._dask.batch.inputs import open_inputs
 from daskgpu._dask.batch.ledger import JOB, LEDGER, done_chunks
@@ -61,7 +60,7 @@ def test_a_zarr_group_is_never_deleted(client, tmp_path, capsys):
         with pytest.raises(BatchError, match="is a zarr group.*never deleted") as err:
             _run(client, [xz], str(tmp_path / "g.zarr"), resume=resume)
         assert "--no-resume" not in str(err.value)
-    assert _cli(tmp_path, [xz], tmp_path / "g.zarr", "--no-resume") == 2
+    assert affine_cli(tmp_path, [xz], tmp_path / "g.zarr", "--no-resume") == 2
     assert "is a zarr group" in capsys.readouterr().err
     assert tree(tmp_path / "g.zarr") == before
     inside = str(tmp_path / "g.zarr" / "out")  # a new array inside the group is fine
@@ -101,15 +100,6 @@ def test_edited_output_metadata_is_refused_not_reported_complete(client, done, e
 
 
 # -- a damaged ledger or metadata: one line, and a rerun that recovers ----------------------
-def _cli(tmp_path, inputs, output, *extra):
-    kernel = tmp_path / "outkern.py"
-    kernel.write_text(AFFINE_FILE)
-    argv = [f"{kernel}:affine", "--sig", AFFINE_SIG, "--scalar", "2.0", "--no-progress"]
-    for p in inputs:
-        argv += ["--input", str(p)]
-    return main(argv + ["--output", str(output), *extra])
-
-
 def test_a_stray_marker_outside_the_grid_is_ignored_and_removed(client, done):
     stray = os.path.join(done["out"], LEDGER, "999")
     with open(stray, "w") as f:
@@ -138,7 +128,7 @@ def test_a_truncated_zarr_json_gets_one_line_and_no_resume_recovers(client, done
         f.write(text[: len(text) // 2])
     with pytest.raises(BatchError, match=r"zarr metadata .*zarr\.json' is damaged.*--no-resume"):
         _run(client, done["inputs"], done["out"])
-    assert _cli(tmp_path, done["inputs"], done["out"]) == 2
+    assert affine_cli(tmp_path, done["inputs"], done["out"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "is damaged" in err and "Traceback" not in err
     assert _run(client, done["inputs"], done["out"], resume=False).complete

@@ -16,9 +16,8 @@ import time
 
 import numpy as np
 import pytest
-from batch_helpers import AFFINE_FILE, AFFINE_SIG, affine, tree, write_zarr
+from batch_helpers import affine, affine_cli, tree, write_zarr
 
-from daskgpu._cli.batch import main
 from daskgpu._dask.batch import BatchError, run_batch
 from daskgpu._dask.batch.ledger import LEDGER, done_chunks
 
@@ -27,15 +26,6 @@ zarr = pytest.importorskip("zarr")
 
 def _run(client, inputs, outputs, **kw):
     return run_batch(affine, inputs, outputs, scalars=[2.0], client=client, progress=False, **kw)
-
-
-def _cli(tmp_path, inputs, output, *extra):
-    kernel = tmp_path / "affkern.py"
-    kernel.write_text(AFFINE_FILE)
-    argv = [f"{kernel}:affine", "--sig", AFFINE_SIG, "--scalar", "2.0", "--no-progress"]
-    for p in inputs:
-        argv += ["--input", str(p)]
-    return main(argv + ["--output", str(output), *extra])
 
 
 # -- 1. inputs are never destroyed ------------------------------------------------------
@@ -57,7 +47,7 @@ def test_cli_output_equal_to_input_exits_2_with_no_resume(client, tmp_path, caps
     x = write_zarr(tmp_path / "x.zarr", np.arange(100.0), 10)
     before = tree(x)
     address = ["--scheduler", client.scheduler.address, "--simulate"]
-    assert _cli(tmp_path, [x], x, "--no-resume", *address) == 2
+    assert affine_cli(tmp_path, [x], x, "--no-resume", *address) == 2
     assert "outside every input" in capsys.readouterr().err
     assert tree(x) == before
 
@@ -127,11 +117,11 @@ def test_cli_output_specs_and_usage_errors_exit_2_creating_nothing(client, tmp_p
     ]
     for inputs, output, extra, message in cases:
         before = set(os.listdir(tmp_path))
-        assert _cli(tmp_path, inputs, output, *extra, *address) == 2, (output, extra)
+        assert affine_cli(tmp_path, inputs, output, *extra, *address) == 2, (output, extra)
         err = capsys.readouterr().err
         assert message in err and "Traceback" not in err, err
-        assert set(os.listdir(tmp_path)) - before <= {"affkern.py", "__pycache__"}
-    assert _cli(tmp_path, [x], tmp_path / "z.zarr", "--devices", "abc") == 2
+        assert set(os.listdir(tmp_path)) - before <= {"affine_kernel.py", "__pycache__"}
+    assert affine_cli(tmp_path, [x], tmp_path / "z.zarr", "--devices", "abc") == 2
     err = capsys.readouterr().err
     assert "'abc' is not a device" in err and "Traceback" not in err
 
@@ -140,9 +130,9 @@ def test_cli_damaged_job_json_exits_2_naming_the_file(client, tmp_path, capsys):
     x = write_zarr(tmp_path / "x.zarr", np.arange(100.0), 10)
     out = tmp_path / "z.zarr"
     address = ["--scheduler", client.scheduler.address, "--simulate"]
-    assert _cli(tmp_path, [x], out, *address, "--max-chunks", "2") == 3
+    assert affine_cli(tmp_path, [x], out, *address, "--max-chunks", "2") == 3
     (out / LEDGER / "job.json").write_text('{"kernel": "aff')
-    assert _cli(tmp_path, [x], out, *address) == 2
+    assert affine_cli(tmp_path, [x], out, *address) == 2
     err = capsys.readouterr().err
     assert "job.json" in err and "damaged" in err and "Traceback" not in err
 
