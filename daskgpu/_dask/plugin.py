@@ -181,25 +181,62 @@ def gpu_label(kernel: str, activity: str) -> str:
     return f"daskgpu {kernel} {activity}"
 
 
-#: Kernels whose labels :func:`digest_gpu_time` keeps made.
-LABELS_KEPT = 1024
+class GPUTimeDigest:
+    """The runtime's recorder on a worker: seconds of a kernel's activity to
+    distributed's ``context_meter``, which files them under the running task
+    (and drops them outside one).
 
-# {kernel: {activity: label}}, read per launch: a plain dict, as a BoundedCache
-# lookup (0.2 us) would double the cost of reporting. Emptied when full; racing
-# threads at worst both make a kernel's labels.
-_labels = {}
+    Called as ``digest(kernel, activity, seconds)``; :meth:`sink` gives the
+    runtime's fast path one callable per kernel and activity, whose label is
+    made once, so that a launch on device arrays costs one lookup and one call
+    to report.
+
+    Examples
+    --------
+    >>> from distributed.metrics import context_meter
+    >>> seen = []
+    >>> with context_meter.add_callback(lambda *metric: seen.append(metric)):
+    ...     digest_gpu_time("saxpy", "kernel", 0.5)
+    ...     digest_gpu_time.sink("saxpy", "launch")(0.25)
+    >>> seen
+    [('daskgpu saxpy kernel', 0.5, 'seconds'), ('daskgpu saxpy launch', 0.25, 'seconds')]
+    """
+
+    #: Kernels whose labels are kept made; emptied when full.
+    LABELS_KEPT = 1024
+
+    def __init__(self):
+        # {kernel: {activity: label}}: a plain dict, as a BoundedCache lookup (0.2 us)
+        # would double the cost of reporting. Racing threads at worst both make one.
+        self._labels = {}
+
+    def __call__(self, kernel: str, activity: str, seconds: float) -> None:
+        context_meter.digest_metric(self._labels_of(kernel)[activity], seconds, "seconds")
+
+    def sink(self, kernel: str, activity: str):
+        """``seconds -> None`` for ``activity`` of ``kernel``: its label bound once."""
+        label, digest = self._labels_of(kernel)[activity], context_meter.digest_metric
+
+        def report(seconds: float) -> None:
+            digest(label, seconds, "seconds")
+
+        return report
+
+    def _labels_of(self, kernel: str) -> dict:
+        labels = self._labels.get(kernel)
+        if labels is None:
+            if len(self._labels) >= self.LABELS_KEPT:
+                self._labels.clear()
+            labels = self._labels[kernel] = {a: gpu_label(kernel, a) for a in ACTIVITIES}
+        return labels
+
+    def __repr__(self):
+        return "digest_gpu_time"
 
 
-def digest_gpu_time(kernel: str, activity: str, seconds: float) -> None:
-    """The runtime's recorder on a worker: ``seconds`` of ``activity`` of ``kernel``
-    to distributed's ``context_meter``, which files them under the running task
-    (and drops them outside one)."""
-    labels = _labels.get(kernel)
-    if labels is None:
-        if len(_labels) >= LABELS_KEPT:
-            _labels.clear()
-        labels = _labels[kernel] = {a: gpu_label(kernel, a) for a in ACTIVITIES}
-    context_meter.digest_metric(labels[activity], seconds, "seconds")
+#: The recorder :class:`GPUWorkerPlugin` installs: one per process, so that a worker
+#: set up again removes the one it added.
+digest_gpu_time = GPUTimeDigest()
 
 
 def lost_context(task) -> bool:

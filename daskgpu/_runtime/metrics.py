@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import os
 import threading
+from functools import partial
 from time import perf_counter
 
 __all__ = [
@@ -60,17 +61,24 @@ class Meter:
     ----------
     recorder : callable or None
         ``recorder(kernel, activity, seconds)``, ``kernel`` the kernel's own name.
+        A recorder with a ``sink(kernel, activity)`` method, returning a
+        callable of the seconds alone, saves the fast path's launches the
+        general call: the sinks are made once per image and kept here.
     domain : nvtx Domain or None
         Where launches push their NVTX ranges; None for none.
     """
 
-    __slots__ = ("recorder", "domain", "_names", "_attributes")
+    __slots__ = ("recorder", "domain", "_names", "_attributes", "_launch_sinks")
+
+    #: Images whose names, sinks and NVTX attributes are kept made; emptied when full.
+    KEPT = 1024
 
     def __init__(self, recorder, domain=None):
         self.recorder = recorder
         self.domain = domain
         self._names = {}  # image name -> kernel name, read per report
         self._attributes = {}  # range name -> nvtx event attributes
+        self._launch_sinks = {}  # image name -> seconds of its "launch" to the recorder
 
     def record(self, name: str, activity: str, seconds: float) -> None:
         """Report ``seconds`` of ``activity`` for the image named ``name``."""
@@ -79,6 +87,8 @@ class Meter:
             recorder(self._names.get(name) or self._name(name), activity, seconds)
 
     def _name(self, name: str) -> str:
+        if len(self._names) >= self.KEPT:
+            self._names.clear()
         return self._names.setdefault(name, kernel_name(name))
 
     def push(self, name: str) -> None:
@@ -111,14 +121,32 @@ class Meter:
     def launched(self, name: str, start: float) -> None:
         """Close the range of :meth:`push` and report ``launch`` time since ``start``:
         the end of a launch on device arrays, which nothing waits for."""
+        seconds = clock() - start
         if self.domain is not None:
             self.domain.pop_range()
+        sink = self._launch_sinks.get(name)
+        if sink is None:
+            sink = self._launch_sink(name)
+        sink(seconds)
+
+    def _launch_sink(self, name: str):
         recorder = self.recorder
-        if recorder is not None:  # Meter.record, inline: this is the fast path's
-            recorder(self._names.get(name) or self._name(name), "launch", clock() - start)
+        if recorder is None:
+            return _ignore
+        kernel = kernel_name(name)
+        make = getattr(recorder, "sink", None)
+        sink = make(kernel, "launch") if make is not None else partial(recorder, kernel, "launch")
+        if len(self._launch_sinks) >= self.KEPT:
+            self._launch_sinks.clear()  # racing threads at worst both make a sink
+        self._launch_sinks[name] = sink
+        return sink
 
     def __repr__(self):
         return f"Meter(recorder={self.recorder!r}, nvtx={self.domain is not None})"
+
+
+def _ignore(seconds: float) -> None:
+    """The sink while no recorder is installed: NVTX ranges only."""
 
 
 def _nvtx_domain():

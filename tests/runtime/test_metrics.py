@@ -148,3 +148,24 @@ def test_nvtx_without_a_loadable_tool_gives_no_domain(monkeypatch):
     # NVTX loads the tool named here on first use; none loads, so every range is a no-op.
     monkeypatch.setenv("NVTX_INJECTION64_PATH", "/nonexistent/libinjection.so")
     assert metrics._nvtx_domain() is None
+
+
+def test_a_launch_on_device_arrays_reports_through_the_recorders_sink():
+    class Sinks(Seen):
+        def sink(self, kernel, activity):
+            return lambda seconds: self.append((kernel, activity, seconds, "sink"))
+
+    for recorder in (Seen(), Sinks()):
+        meter = metrics.Meter(recorder)
+        start = metrics.clock()
+        meter.launched("tests.saxpy", start)
+        meter.launched("tests.saxpy", start)  # the second through the kept sink
+        assert [r[:2] for r in recorder] == [("saxpy", "launch")] * 2
+        assert all(r[2] >= 0 for r in recorder)
+        assert all(r[3:] == ("sink",) for r in recorder) == isinstance(recorder, Sinks)
+
+
+def test_a_meter_without_a_recorder_reports_no_launch():
+    meter = metrics.Meter(None)
+    meter.launched("tests.saxpy", metrics.clock())  # NVTX only: nothing to call
+    assert meter._launch_sinks == {"tests.saxpy": metrics._ignore}
