@@ -130,12 +130,14 @@ class Meter:
         sink(seconds)
 
     def _launch_sink(self, name: str):
-        recorder = self.recorder
-        if recorder is None:
-            return _ignore
-        kernel = kernel_name(name)
+        recorder, kernel = self.recorder, kernel_name(name)
         make = getattr(recorder, "sink", None)
-        sink = make(kernel, "launch") if make is not None else partial(recorder, kernel, "launch")
+        if recorder is None:
+            sink = _ignore
+        elif make is not None:
+            sink = make(kernel, "launch")
+        else:
+            sink = partial(recorder, kernel, "launch")
         if len(self._launch_sinks) >= self.KEPT:
             self._launch_sinks.clear()  # racing threads at worst both make a sink
         self._launch_sinks[name] = sink
