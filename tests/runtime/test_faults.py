@@ -1,5 +1,7 @@
 """Device exceptions of debug kernels, rebuilt from the image's plain-data table."""
 
+import sys
+
 import numpy as np
 import pytest
 from numba import cuda
@@ -169,3 +171,25 @@ def test_a_compiled_reschedule_is_a_device_error_and_cannot_be_saved(tmp_path):
 def test_builtins_beyond_the_allow_list_become_device_errors(name):
     # StopIteration raised by a launch inside map() or a generator would end it silently.
     assert type(device_exception(_with_table(name), 1, [0, 0, 0], [0, 0, 0])) is dg.DeviceError
+
+
+def test_a_user_class_in_the_cuda_namespace_comes_back_as_itself(monkeypatch):
+    # numba-cuda's own test modules live in the `cuda` namespace (its conformance
+    # test_userexc raises cuda.tests.cudapy.test_userexc.MyError); only cuda-python's
+    # packages in it are reserved.
+    import types
+
+    module = types.ModuleType("cuda.user_kernels_xyz")
+
+    class MyError(Exception):
+        pass
+
+    MyError.__module__ = module.__name__
+    module.MyError = MyError
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    exc = device_exception(_with_table("cuda.user_kernels_xyz:MyError"), 1, [0, 0, 0],
+                           [0, 0, 0])
+    assert type(exc) is MyError and str(exc) == "tid=[0, 0, 0] ctaid=[0, 0, 0]: boom"
+    refused = device_exception(_with_table("cuda.core.experimental:CUDAError"), 1,
+                               [0, 0, 0], [0, 0, 0])
+    assert type(refused) is dg.DeviceError

@@ -20,13 +20,17 @@ BUILTIN_EXCEPTIONS = frozenset({
     "UnicodeError", "ValueError", "ZeroDivisionError",
 })
 
-#: Top-level packages whose classes an exception table may not name as
-#: ``module:qualname``: what a worker runs on, where an exception can mean more
-#: than a failed task (a task raising ``distributed:Reschedule`` is rescheduled,
-#: so a failing debug kernel would run forever; ``daskgpu``'s ContextLostError
-#: replaces the worker), and ``builtins``, whose classes go by bare name.
-RESERVED_PACKAGES = frozenset({"asyncio", "builtins", "concurrent", "cuda", "dask", "daskgpu",
-                               "distributed", "tornado"})
+#: Packages whose classes an exception table may not name as ``module:qualname``:
+#: what a worker runs on, where an exception can mean more than a failed task
+#: (a task raising ``distributed:Reschedule`` is rescheduled, so a failing debug
+#: kernel would run forever; ``daskgpu``'s ContextLostError replaces the worker),
+#: and ``builtins``, whose classes go by bare name. ``cuda`` is a namespace
+#: shared with other projects (numba-cuda's own modules live in it), so only
+#: cuda-python's packages in it are reserved.
+RESERVED_PACKAGES = frozenset({
+    "asyncio", "builtins", "concurrent", "dask", "daskgpu", "distributed", "tornado",
+    "cuda.bindings", "cuda.core", "cuda.pathfinder", "cuda.cuda", "cuda.cudart", "cuda.nvrtc",
+})
 
 
 def check_keys(obj: dict, allowed: set, where: str, path: str, optional=frozenset()) -> None:
@@ -67,7 +71,8 @@ def check_pair(value, what: str, path: str) -> list:
 
 def reserved_module(module: str) -> bool:
     """Whether the module named ``module`` belongs to :data:`RESERVED_PACKAGES`."""
-    return str(module).partition(".")[0] in RESERVED_PACKAGES
+    parts = str(module).split(".", 2)
+    return parts[0] in RESERVED_PACKAGES or ".".join(parts[:2]) in RESERVED_PACKAGES
 
 
 def exception_name_refusal(name: str):
