@@ -45,7 +45,7 @@ from daskgpu._dask.map_keywords import (
     output_dtype,
     resolve_outs,
 )
-from daskgpu._dask.placement import GPU, ensure_placement
+from daskgpu._dask.placement import GPU, LAUNCH_SHARE, ensure_placement
 from daskgpu._dask.plugin import SIMULATED_METRIC
 from daskgpu._runtime import backend as backends
 
@@ -210,11 +210,12 @@ def map_kernel(kernel, *args, depth=None, boundary=None, tpb=0, name=None, grid_
     ``daskgpu.simulate`` is on, the Python function for the simulator).
 
     When a distributed client is current and its workers offer a ``GPU``
-    resource, the launch tasks are annotated ``resources={"GPU": 1}``. Dask's
-    low-level task fusion drops annotations (dask/dask#7036), so on a cluster
-    that mixes GPU and CPU workers compute with
-    ``dask.config.set({"optimization.fuse.active": False})``; on one where
-    every worker has a GPU, placement needs no annotation.
+    resource, every launch task is restricted to those workers, asking a
+    small share of the resource (``GPU=2**-10``): a worker runs as many
+    launches at once as it has threads, as it would run ``map_blocks`` tasks.
+    Dask drops layer annotations on the way to the scheduler, so the
+    restriction is set there, by the placement plugin that ``map_kernel``
+    registers, on any cluster and whatever the graph's optimization.
 
     A dask array that an earlier ``map_kernel`` returned (its one aligned
     output, without ``depth``), passed here unchanged and once, is fused: each
@@ -440,7 +441,7 @@ def _build_graph(ship, plan, returns, arrays, aligned, out_chunks, *, rank, tpb,
     per_chunk = [plan[r.index].param.shape if isinstance(plan[r.index].param, PerChunkParam)
                  else None for r in returns]
     # Kept through blockwise fusion; the scheduler's placement plugin covers the rest.
-    with dask.annotate(resources={GPU: 1}) if on_gpus else nullcontext():
+    with dask.annotate(resources={GPU: LAUNCH_SHARE}) if on_gpus else nullcontext():
         if len(returns) == 1:
             meta = meta_of(returns[0].dtype, ndim + len(per_chunk[0] or ()))
             results = [_launches(fn, task_args, places, name, meta, per_chunk[0])]

@@ -1,15 +1,15 @@
 """GPU placement that holds on any cluster: a scheduler plugin restricts launches to GPU workers.
 
-A ``resources={"GPU": 1}`` annotation on a graph layer does not survive every
-path to the scheduler: distributed materializes and optimizes graphs on the
+A ``resources`` annotation on a graph layer does not survive every path to
+the scheduler: distributed materializes and optimizes graphs on the
 scheduler, with the scheduler's own config, and dask's low-level task fusion
 (``optimization.fuse.active``, on by default) turns the layers into one plain
 dict, dropping their annotations. Launches then land on plain CPU workers.
 
 :class:`GPUPlacement` instead looks at each task as the scheduler creates it,
 after every optimization: a task whose callable is (or, fused, contains) a
-daskgpu launch gets the resource restriction ``GPU=1`` while any worker of the
-cluster offers that resource. Task restrictions are the scheduler's own state,
+daskgpu launch gets the resource restriction ``GPU=``:data:`LAUNCH_SHARE`
+while any worker of the cluster offers that resource. Task restrictions are the scheduler's own state,
 so no optimization setting on either side can drop them. The scheduler has
 daskgpu installed anyway: it unpickles the graph, launches included.
 
@@ -27,12 +27,21 @@ from distributed.diagnostics.plugin import SchedulerPlugin
 
 from daskgpu._bounded import BoundedCache
 
-__all__ = ["GPU", "GPUPlacement", "ensure_placement", "is_launch", "runs_launch"]
+__all__ = ["GPU", "GPUPlacement", "LAUNCH_SHARE", "ensure_placement", "is_launch",
+           "runs_launch"]
 
 logger = logging.getLogger("daskgpu")
 
 #: The resource a GPU worker offers, one per GPU.
 GPU = "GPU"
+
+#: What a launch task asks of its worker's ``GPU``: a share, not the whole GPU.
+#: The restriction keeps launches on GPU workers; how many run at once is the
+#: worker's thread count, as for any Dask task (one by default, as dask-cuda
+#: has it). Asking ``GPU=1`` ran them one at a time whatever the threads, while
+#: ``map_blocks`` of the same work used them all. A power of two, so that the
+#: scheduler's sums of it are exact.
+LAUNCH_SHARE = 2.0 ** -10
 
 #: Deep enough for a blockwise-fused task inside a low-level fused one.
 _MAX_DEPTH = 6
@@ -64,6 +73,9 @@ def runs_launch(node, depth: int = 0) -> bool:
 class GPUPlacement(SchedulerPlugin):
     """Restrict every task that launches a kernel to workers offering the ``GPU`` resource.
 
+    A launch asks for :data:`LAUNCH_SHARE` of it, or what its own annotation
+    asks when more (``resources={"GPU": 1}`` keeps a task alone on its GPU).
+
     While no worker offers ``GPU`` (a CPU cluster that simulates), tasks are
     left alone: a restriction would make them wait for a GPU that never comes.
 
@@ -85,7 +97,7 @@ class GPUPlacement(SchedulerPlugin):
             if ts is None or ts.run_spec is None or not runs_launch(ts.run_spec):
                 continue
             restrictions = dict(ts.resource_restrictions or {})
-            restrictions[GPU] = max(restrictions.get(GPU, 0), 1)
+            restrictions[GPU] = max(restrictions.get(GPU, 0), LAUNCH_SHARE)
             ts.resource_restrictions = restrictions
 
 

@@ -12,7 +12,7 @@ from numba import cuda
 
 import daskgpu as dg
 from daskgpu._dask.chunk_task import ChunkLaunch
-from daskgpu._dask.placement import runs_launch
+from daskgpu._dask.placement import LAUNCH_SHARE, runs_launch
 
 
 @pytest.fixture
@@ -518,7 +518,7 @@ def test_failing_chunk_leaves_the_others_computable(client):
 def test_chunks_ask_for_a_gpu_when_the_cluster_offers_one(client):
     x = da.arange(40, chunks=10, dtype=np.float32)
     z = dg.map_kernel(saxpy, dg.Out(np.float32, like=x), np.float32(2), x, x)
-    assert z.__dask_graph__().layers[z.name].annotations == {"resources": {"GPU": 1}}
+    assert z.__dask_graph__().layers[z.name].annotations == {"resources": {"GPU": LAUNCH_SHARE}}
     gpu = [a for a, w in client.scheduler_info(n_workers=-1)["workers"].items()
            if w["resources"].get("GPU")]
     from distributed import get_task_stream

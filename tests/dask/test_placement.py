@@ -23,7 +23,7 @@ from numba import cuda
 
 import daskgpu as dg
 from daskgpu import _config
-from daskgpu._dask.placement import GPUPlacement, is_launch, runs_launch
+from daskgpu._dask.placement import LAUNCH_SHARE, GPUPlacement, is_launch, runs_launch
 
 _config.register()
 
@@ -133,7 +133,7 @@ def test_every_launch_task_on_the_scheduler_is_restricted_to_gpus(mixed_cluster)
             # Tuple keys arrive as lists.
             lambda dask_scheduler, keys: [dask_scheduler.tasks[tuple(k)].resource_restrictions
                                           for k in keys], keys=keys)
-        assert restrictions == [{"GPU": 1}] * 8
+        assert restrictions == [{"GPU": LAUNCH_SHARE}] * 8
         assert (y.compute() == 3.0).all()
     finally:
         del y
@@ -212,3 +212,26 @@ def test_a_scheduler_that_refuses_the_plugin_is_named_once(caplog):
     (record,) = caplog.records
     assert "tcp://nowhere:1" in record.getMessage()
     assert "install daskgpu where the scheduler runs" in record.getMessage()
+
+
+def test_a_gpu_worker_runs_as_many_launches_at_once_as_it_has_threads():
+    # The restriction places launches; it does not make them wait for each other
+    # (GPU=1 ran them one at a time, while map_blocks of the same work used every thread).
+    with dg.LocalGPUCluster(simulate=True, processes=False, devices=[0], threads_per_worker=2,
+                            dashboard_address=":0") as cluster, Client(cluster) as client:
+        x = da.ones(6 * 4096, dtype=np.float32, chunks=4096)
+        with get_task_stream(client) as stream:
+            y = dg.map_kernel(scale, dg.Out(np.float32, like=x), 2.0, x).persist()
+            wait(y)
+        restrictions = client.run_on_scheduler(
+            lambda dask_scheduler, keys: [dask_scheduler.tasks[tuple(k)].resource_restrictions
+                                          for k in keys], keys=y.__dask_keys__())
+        assert restrictions == [{"GPU": LAUNCH_SHARE}] * 6
+        spans = sorted((s["start"], s["stop"]) for t in stream.data
+                       if t["key"][0] == y.name for s in t["startstops"]
+                       if s["action"] == "compute")
+        assert len(spans) == 6
+        # Two at once: the next starts well before the one before it ends (one at a
+        # time, the clocks of start and stop still let them overlap by a millisecond).
+        assert any(a[1] - b[0] > (a[1] - a[0]) / 4 for a, b in zip(spans, spans[1:])), spans
+        assert (y.compute() == 2.0).all()

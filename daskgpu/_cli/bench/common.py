@@ -271,3 +271,21 @@ def alloc_chunk(x, *rest):
     """Dask's per-chunk cost when each task makes a new chunk, as every kernel
     with an output must: an uninitialised array like ``x`` (CuPy for CuPy chunks)."""
     return np.empty_like(x)
+
+
+def placed_noop_chunk(x, *rest):
+    """:func:`noop_chunk` placed as ``map_kernel``'s tasks are: marked a launch, so that
+    the scheduler's placement plugin restricts it to GPU workers with the same share.
+
+    A ``resources`` annotation would not do: Dask drops layer annotations on the
+    way to the scheduler.
+    """
+    return noop_chunk(x)
+
+
+def placed_alloc_chunk(x, *rest):
+    """:func:`alloc_chunk` placed as ``map_kernel``'s tasks are (see :func:`placed_noop_chunk`)."""
+    return alloc_chunk(x)
+
+
+placed_noop_chunk.daskgpu_launch = placed_alloc_chunk.daskgpu_launch = True

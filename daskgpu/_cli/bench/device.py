@@ -12,11 +12,12 @@ import numpy as np
 
 from daskgpu._cli.bench.common import (
     BenchCluster,
-    alloc_chunk,
     cupy_chunk,
     host_inputs,
     noop_chunk,
     numba_chunk,
+    placed_alloc_chunk,
+    placed_noop_chunk,
     ratio,
     timed,
     unique,
@@ -39,12 +40,10 @@ def bench_map_device(cluster: BenchCluster, size_bytes: int = 1 << 30,
 
 def _map_device_rows(cluster: BenchCluster, size_bytes: int, chunk_bytes: int) -> list:
     import cupy as cp
-    import dask
     import dask.array as da
 
     import daskgpu as dg
     from daskgpu._cli.bench import kernels as k
-    from daskgpu._dask.placement import GPU
 
     client = cluster.start()  # first: the inputs persist on its client, the default one
     x, y = host_inputs(size_bytes, chunk_bytes)
@@ -69,16 +68,16 @@ def _map_device_rows(cluster: BenchCluster, size_bytes: int, chunk_bytes: int) -
         return wait_persisted(
             da.map_blocks(noop_chunk, xg, yg, dtype=np.float32, name=unique("noop")))
 
-    def annotated(chunk, name):
-        # map_kernel's tasks carry this annotation on a GPU cluster: the same here
-        # separates what the resource restriction costs in the scheduler from daskgpu's own.
+    def placed(chunk, name):
+        # Restricted to GPU workers by the placement plugin, as map_kernel's tasks are:
+        # what the restriction costs in the scheduler, apart from daskgpu's own.
         def run():
-            with dask.annotate(resources={GPU: 1}):
-                arr = da.map_blocks(chunk, xg, yg, dtype=np.float32, name=unique(name))
-            return wait_persisted(arr)
+            return wait_persisted(
+                da.map_blocks(chunk, xg, yg, dtype=np.float32, name=unique(name)))
         return run
 
-    noop_gpu, alloc_gpu = annotated(noop_chunk, "noop-gpu"), annotated(alloc_chunk, "alloc-gpu")
+    noop_gpu, alloc_gpu = placed(placed_noop_chunk, "noop-gpu"), placed(placed_alloc_chunk,
+                                                                          "alloc-gpu")
     runs = {"ours": ours, "numba": baseline, "cupy": cupy, "noop": noop,
             "noop_gpu": noop_gpu, "alloc_gpu": alloc_gpu}
     for run in runs.values():
@@ -100,13 +99,14 @@ def _map_device_rows(cluster: BenchCluster, size_bytes: int, chunk_bytes: int) -
         # How much of the per-chunk time is Dask's scheduling, not daskgpu's.
         ratio("  Dask's floor: a no-op map_blocks on the same chunks", dg_t, noop_t, "ms",
               "da.map_blocks of a no-op returning its first chunk", scale=1e3),
-        ratio("  the floor with map_kernel's GPU annotation", dg_t, per_chunk["noop_gpu"],
-              "ms", "the no-op map_blocks under dask.annotate(resources={'GPU': 1})",
+        ratio("  the floor placed on GPU workers as map_kernel's tasks are", dg_t,
+              per_chunk["noop_gpu"], "ms",
+              "the no-op map_blocks restricted by daskgpu's placement plugin",
               goal=1.1, scale=1e3),
         # The same floor for a task that makes a new chunk, as any output does.
-        ratio("  the annotated floor with a new output chunk per task", dg_t,
+        ratio("  the placed floor with a new output chunk per task", dg_t,
               per_chunk["alloc_gpu"], "ms",
-              "the annotated map_blocks of np.empty_like of its first chunk", scale=1e3),
+              "the placed map_blocks of np.empty_like of its first chunk", scale=1e3),
     ]
 
 
