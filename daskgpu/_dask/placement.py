@@ -9,8 +9,9 @@ dict, dropping their annotations. Launches then land on plain CPU workers.
 :class:`GPUPlacement` instead looks at each task as the scheduler creates it,
 after every optimization: a task whose callable is (or, fused, contains) a
 daskgpu launch gets the resource restriction ``GPU=``:data:`LAUNCH_SHARE`
-while any worker of the cluster offers that resource. Task restrictions are the scheduler's own state,
-so no optimization setting on either side can drop them. The scheduler has
+while any worker of the cluster offers that resource. Task restrictions are
+the scheduler's own state, so no optimization setting on either side can drop
+them. The scheduler has
 daskgpu installed anyway: it unpickles the graph, launches included.
 
 :func:`ensure_placement` registers the plugin once per scheduler; the client

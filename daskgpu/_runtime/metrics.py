@@ -70,7 +70,7 @@ class Meter:
 
     __slots__ = ("recorder", "domain", "_names", "_attributes", "_launch_sinks")
 
-    #: Images whose names, sinks and NVTX attributes are kept made; emptied when full.
+    #: Images whose kernel names and launch sinks are kept made; each emptied when full.
     KEPT = 1024
 
     def __init__(self, recorder, domain=None):

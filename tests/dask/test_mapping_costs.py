@@ -11,6 +11,7 @@ from numba import cuda
 import daskgpu as dg
 from daskgpu._bounded import BoundedCache
 from daskgpu._dask import chunk_task, mapping
+from daskgpu._dask.placement import LAUNCH_SHARE
 
 
 @dg.jit
@@ -60,7 +61,8 @@ def test_a_gpu_cluster_is_asked_for_its_workers_once():
         w = dg.map_kernel(saxpy, dg.Out(np.float32, like=x), np.float32(3), x, x)
         assert not asked
         for r in (z, w):
-            assert r.__dask_graph__().layers[r.name].annotations == {"resources": {"GPU": 1}}
+            assert r.__dask_graph__().layers[r.name].annotations == {
+                "resources": {"GPU": LAUNCH_SHARE}}
         np.testing.assert_array_equal(w.compute(), 4 * np.arange(8, dtype=np.float32))
     mapping.gpu_clusters.clear()
 
