@@ -6,6 +6,7 @@ import pickle
 import dask
 import numpy as np
 import pytest
+from meter_helpers import Seen
 from numba import cuda
 
 import daskgpu as dg
@@ -29,21 +30,6 @@ def _simulated_saxpy(launch=None):
         launch = launch or saxpy.forall(64)
         out = launch(np.zeros_like(x), 2.0, x, x)
     np.testing.assert_array_equal(out, 3 * x)
-
-
-class Seen(list):
-    """A recorder: what launches reported, as ``(kernel, activity, seconds)``."""
-
-    def __call__(self, kernel, activity, seconds):
-        self.append((kernel, activity, seconds))
-
-
-@pytest.fixture
-def seen():
-    recorder = Seen()
-    metrics.add_recorder(recorder)
-    yield recorder
-    metrics.remove_recorder(recorder)
 
 
 def test_a_simulated_launch_reports_its_kernel_time(seen):

@@ -4,6 +4,7 @@ import time
 
 import numpy as np
 import pytest
+from meter_helpers import Seen
 from numba import cuda
 
 import daskgpu as dg
@@ -11,28 +12,6 @@ from daskgpu import _config
 from daskgpu._runtime import metrics
 
 pytestmark = pytest.mark.gpu
-
-
-class Seen(list):
-    """A recorder: ``{activity: seconds}`` per kernel, summed, and the order of reports."""
-
-    def __call__(self, kernel, activity, seconds):
-        self.append((kernel, activity, seconds))
-
-    def by_activity(self, kernel):
-        out = {}
-        for k, activity, seconds in self:
-            if k == kernel:
-                out[activity] = out.get(activity, 0.0) + seconds
-        return out
-
-
-@pytest.fixture
-def seen():
-    recorder = Seen()
-    metrics.add_recorder(recorder)
-    yield recorder
-    metrics.remove_recorder(recorder)
 
 
 def _spin_kernel(salt: float):
