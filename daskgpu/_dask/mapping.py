@@ -213,9 +213,12 @@ def map_kernel(kernel, *args, depth=None, boundary=None, tpb=0, name=None, grid_
     resource, every launch task is restricted to those workers, asking a
     small share of the resource (``GPU=2**-10``): a worker runs as many
     launches at once as it has threads, as it would run ``map_blocks`` tasks.
-    Dask drops layer annotations on the way to the scheduler, so the
-    restriction is set there, by the placement plugin that ``map_kernel``
-    registers, on any cluster and whatever the graph's optimization.
+    The tasks also carry that as a layer annotation, but Dask's low-level
+    task fusion (on by default) drops annotations on the way to the
+    scheduler, so the restriction is set there, by the placement plugin that
+    ``map_kernel`` registers, on any cluster and whatever the graph's
+    optimization. To keep each launch alone on its GPU, ask for the whole
+    resource: ``.persist(resources={"GPU": 1})``.
 
     A dask array that an earlier ``map_kernel`` returned (its one aligned
     output, without ``depth``), passed here unchanged and once, is fused: each

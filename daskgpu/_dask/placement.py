@@ -11,8 +11,8 @@ after every optimization: a task whose callable is (or, fused, contains) a
 daskgpu launch gets the resource restriction ``GPU=``:data:`LAUNCH_SHARE`
 while any worker of the cluster offers that resource. Task restrictions are
 the scheduler's own state, so no optimization setting on either side can drop
-them. The scheduler has
-daskgpu installed anyway: it unpickles the graph, launches included.
+them. The scheduler has daskgpu installed anyway: it unpickles the graph,
+launches included.
 
 :func:`ensure_placement` registers the plugin once per scheduler; the client
 side of ``map_kernel`` and ``run_batch`` calls it, as does

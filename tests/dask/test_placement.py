@@ -235,3 +235,19 @@ def test_a_gpu_worker_runs_as_many_launches_at_once_as_it_has_threads():
         # time, the clocks of start and stop still let them overlap by a millisecond).
         assert any(a[1] - b[0] > (a[1] - a[0]) / 4 for a, b in zip(spans, spans[1:])), spans
         assert (y.compute() == 2.0).all()
+
+
+def test_a_launch_that_asks_for_the_whole_gpu_keeps_it():
+    # The README's way to keep each launch alone on its GPU: the placement plugin
+    # keeps the larger of what the task asked and its share.
+    with dg.LocalGPUCluster(simulate=True, processes=False, devices=[0], threads_per_worker=2,
+                            dashboard_address=":0") as cluster, Client(cluster) as client:
+        x = da.ones(2 * 4096, dtype=np.float32, chunks=4096)
+        y = dg.map_kernel(scale, dg.Out(np.float32, like=x), 2.0, x).persist(
+            resources={"GPU": 1})
+        wait(y)
+        restrictions = client.run_on_scheduler(
+            lambda dask_scheduler, keys: [dask_scheduler.tasks[tuple(k)].resource_restrictions
+                                          for k in keys], keys=y.__dask_keys__())
+        assert restrictions == [{"GPU": 1}] * 2
+        assert (y.compute() == 2.0).all()

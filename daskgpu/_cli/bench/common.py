@@ -277,8 +277,8 @@ def placed_noop_chunk(x, *rest):
     """:func:`noop_chunk` placed as ``map_kernel``'s tasks are: marked a launch, so that
     the scheduler's placement plugin restricts it to GPU workers with the same share.
 
-    A ``resources`` annotation would not do: Dask drops layer annotations on the
-    way to the scheduler.
+    A ``resources`` annotation would not do: Dask's low-level task fusion, on by
+    default, drops layer annotations on the way to the scheduler.
     """
     return noop_chunk(x)
 
