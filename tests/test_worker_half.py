@@ -55,6 +55,7 @@ WORKER = textwrap.dedent("""
     report["numba"] = sorted(
         m for m, v in sys.modules.items() if m.startswith("numba") and v is not None)
     report["dask"] = sorted(m for m in sys.modules if m.split(".")[0] in ("dask", "distributed"))
+    report["cuda.core"] = "cuda.core" in sys.modules
     report["imported"] = sorted(m for m in sys.modules if m.startswith("daskgpu._runtime."))
     print(json.dumps(report))
 """)
@@ -104,6 +105,31 @@ def test_worker_half_links_without_numba():
     out = run_worker(saxpy[1, 32], "link")
     assert out["cubin"] == b"\x7fELF".hex()
     assert out["numba"] == []
+    # nvJitLink is called directly: cuda.core's import was a quarter of a
+    # fresh worker's time to its first result.
+    assert out["cuda.core"] is False
+
+
+def test_no_runtime_module_imports_cuda_core(report):
+    assert report["cuda.core"] is False
+
+
+@pytest.mark.gpu
+def test_a_fresh_process_launches_without_cuda_core():
+    code = textwrap.dedent('''
+        import pickle, sys
+        import numpy as np
+        sys.modules["numba"] = None
+        launch = pickle.loads(sys.stdin.buffer.read())
+        x = np.arange(1000, dtype=np.float32)
+        out = launch(np.empty_like(x), np.float32(2), x, x)
+        assert (out == 3 * x).all(), out[:4]
+        print("cuda.core" in sys.modules)
+    ''')
+    proc = subprocess.run([sys.executable, "-c", code], input=pickle.dumps(saxpy.forall(1000)),
+                          capture_output=True)
+    assert proc.returncode == 0, proc.stderr.decode()
+    assert proc.stdout.decode().split() == ["False"]
 
 
 def test_every_runtime_module_imports_without_numba(report):

@@ -12,9 +12,8 @@ from __future__ import annotations
 import json
 import os
 
-from cuda.bindings import driver
-
 from daskgpu._image.ptx import max_ptx_isa
+from daskgpu._runtime.gpu.device import facts as device_facts
 from daskgpu._runtime.gpu.driver import device_count, driver_version, nvjitlink_version
 
 
@@ -88,25 +87,7 @@ def driver_facts() -> dict:
         return {"version": version, "error": reason or None, "devices": []}
     devices = []
     for i in range(count):
-        _, dev = driver.cuDeviceGet(i)
-        _, name = driver.cuDeviceGetName(256, dev)
-        attr = driver.CUdevice_attribute
-        _, major = driver.cuDeviceGetAttribute(
-            attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev)
-        _, minor = driver.cuDeviceGetAttribute(
-            attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev)
-        _, memory = driver.cuDeviceTotalMem(dev)
-        _, uuid = driver.cuDeviceGetUuid(dev)
-        devices.append({
-            "index": i,
-            "name": name.split(b"\0", 1)[0].decode(errors="replace"),
-            "cc": [major, minor],
-            "total_memory": int(memory),
-            "uuid": _uuid_str(bytes(uuid.bytes)),
-        })
+        f = device_facts(i)
+        devices.append({"index": i, "name": f["name"], "cc": list(f["cc"]),
+                        "total_memory": f["total_memory"], "uuid": f["uuid"]})
     return {"version": version, "error": None, "devices": devices}
-
-
-def _uuid_str(raw: bytes) -> str:
-    h = raw.hex()
-    return f"GPU-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:32]}"

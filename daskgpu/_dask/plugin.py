@@ -286,9 +286,10 @@ def device_info(dask_worker=None) -> dict:
     dict
         ``simulated`` (bool), ``device_id`` (the ordinal within the process's
         ``CUDA_VISIBLE_DEVICES``, always 0 on a pinned worker), ``name``,
-        ``cc`` (``(major, minor)``), ``total_memory`` (bytes), ``uuid``,
-        ``pci_bus_id``, ``driver_version`` and ``nvjitlink_version`` (each
-        ``(major, minor)``; nvJitLink None when not installed) and
+        ``cc`` (``(major, minor)``), ``total_memory`` (bytes), ``uuid``
+        (``"GPU-..."``, as ``CUDA_VISIBLE_DEVICES`` takes it), ``pci_bus_id``,
+        ``driver_version`` and ``nvjitlink_version`` (each ``(major, minor)``;
+        nvJitLink None when not installed) and
         ``cuda_visible_devices`` (the environment variable, or None).
         Simulated facts carry None for everything a GPU would tell.
 
@@ -335,7 +336,7 @@ def _probe(warm: bool) -> dict:
             "driver_version": None, "nvjitlink_version": None,
             "cuda_visible_devices": visible,
         }
-    # Worker-only imports: cuda.core and the runtime load here, not on import.
+    # Worker-only imports: the driver's bindings and the runtime load here, not on import.
     try:
         from daskgpu._runtime.gpu import device as _device
 
@@ -352,15 +353,15 @@ def _probe(warm: bool) -> dict:
         import daskgpu._runtime.gpu.fast_path  # noqa: F401
     from daskgpu._runtime.gpu.driver import driver_version, nvjitlink_version
 
-    dev = state.device
+    facts = _device.facts(state.id)
     return {
         "simulated": False,
         "device_id": state.id,
-        "name": dev.name,
+        "name": facts["name"],
         "cc": state.cc,
-        "total_memory": _device.total_memory(state),
-        "uuid": str(dev.uuid),
-        "pci_bus_id": str(dev.pci_bus_id),
+        "total_memory": facts["total_memory"],
+        "uuid": facts["uuid"],
+        "pci_bus_id": facts["pci_bus_id"],
         "driver_version": driver_version(),
         "nvjitlink_version": nvjitlink_version(),
         "cuda_visible_devices": visible,

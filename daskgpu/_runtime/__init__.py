@@ -1,7 +1,8 @@
 """The worker half: launches as plain data, and the backends that run them.
 
 Nothing under this package imports numba (but the simulator, to simulate) or
-Dask; workers need only numpy, cuda-core and cuda-bindings.
+Dask; workers need only numpy and cuda-bindings (cuda-core, too, to link
+without nvJitLink).
 
 =======================  ==========================================================
 module                   what it holds

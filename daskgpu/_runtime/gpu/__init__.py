@@ -1,7 +1,8 @@
 """The GPU backend of the runtime: link PTX per device, stage arrays, launch.
 
-Everything under this package talks to the CUDA driver (``cuda.bindings``,
-``cuda.core``); the simulator backend and the plain-data half of the runtime
+Everything under this package talks to the CUDA driver through
+``cuda.bindings`` (and links through cuda.core's ``Linker`` only where
+nvJitLink is not installed); the simulator backend and the plain-data half of the runtime
 never import it. :mod:`daskgpu._runtime.backend` is the one door in.
 
 =======================  ==========================================================

@@ -211,6 +211,7 @@ def fast_source(specs, writes, exact=False) -> str:
         "        if err is not SUCCESS and err != SUCCESS:",
         "            failed(err, name)",
         f"        return {result}",
+        "    fast.kernel = kernel  # the function's own reference keeps its library loaded",
         "    return fast",
     ]
     return "\n".join(lines) + "\n"
@@ -290,8 +291,8 @@ def device_launch(image, config, infos, args=(), images=()):
     make = fast_factories.get(fast_source(image.args, image.writes, exact))
     layout = kernel.layout
     return make(
-        # Holding the LinkedKernel keeps its module loaded, even once evicted
-        # from the module cache.
+        # The function holds the LinkedKernel, which keeps its library loaded
+        # once evicted from the module cache: ``function`` alone would not.
         kernel=kernel, state=state, device_thread=_device.this_thread,
         local=threading.local(), layout=layout, buffers=lambda: layout.buffers()[::2],
         pack_into=fast_struct(image.args).pack_into, launch=launch_kernel,

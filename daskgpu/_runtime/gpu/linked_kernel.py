@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import weakref
+
 import numpy as np
 from cuda.bindings import driver
-from cuda.core import ObjectCode
 
 from daskgpu import _config
 from daskgpu._bounded import BoundedCache
@@ -42,9 +43,17 @@ class LinkedKernel:
     """
 
     def __init__(self, image, state, cubin: bytes):
-        self.object_code = ObjectCode.from_cubin(cubin, name=image.name)
-        self.kernel = self.object_code.get_kernel(image.entry)
-        self.handle = self.kernel.handle
+        # The driver's library API, as cuda.core's ObjectCode uses it, without
+        # importing cuda.core. The library stays loaded while this object
+        # lives (the fast path holds it), and the cubin with it, which lazy
+        # module loading may read at a later first launch.
+        self.cubin = cubin
+        library = check(driver.cuLibraryLoadData(cubin, None, None, 0, None, None, 0),
+                        "cuLibraryLoadData")
+        weakref.finalize(self, driver.cuLibraryUnload, library)
+        self.library = library
+        self.handle = check(driver.cuLibraryGetKernel(library, image.entry.encode()),
+                            f"cuLibraryGetKernel({image.entry})")
         # Launching the context's CUfunction costs less host time than the
         # CUkernel (4.4 against 4.9-5.5 us a launch on the H200).
         self.function = check(
@@ -73,8 +82,7 @@ class LinkedKernel:
         self._dims = {}  # LaunchConfig -> (griddim, blockdim), validated
 
     def _global(self, name: str):
-        library = check(driver.cuKernelGetLibrary(self.handle), "cuKernelGetLibrary")
-        dptr, _ = check(driver.cuLibraryGetGlobal(library, name.encode()),
+        dptr, _ = check(driver.cuLibraryGetGlobal(self.library, name.encode()),
                         f"cuLibraryGetGlobal({name})")
         return dptr
 
@@ -104,7 +112,7 @@ class LinkedKernel:
         threads = blockdim[0] * blockdim[1] * blockdim[2]
         per_sm = check(driver.cuOccupancyMaxActiveBlocksPerMultiprocessor(
             self.function, threads, sharedmem), "cuOccupancyMaxActiveBlocksPerMultiprocessor")
-        most = per_sm * state.device.properties.multiprocessor_count
+        most = per_sm * state.multiprocessor_count
         blocks = griddim[0] * griddim[1] * griddim[2]
         if blocks > most:
             raise LaunchConfigError(

@@ -227,3 +227,50 @@ def test_device_functions_of_another_debug_setting_link_as_modules_of_their_own(
     modules = [x for x in image.links if x.name.startswith("module")]
     assert len(modules) == (2 if kernel_debug else 0)  # f1's and f2's, beside the kernel's
     assert elf_sm(link_cubin(image, (9, 0))) == 90
+
+
+# -- the same cubin as cuda.core's Linker --------------------------------------------------------
+
+
+def _cuda_core_cubin(image, cc) -> bytes:
+    """``image`` linked by cuda.core's Linker, which drives nvJitLink when it is installed."""
+    from cuda.core import Linker, LinkerOptions, ObjectCode
+
+    make = {"ptx": ObjectCode.from_ptx, "ltoir": ObjectCode.from_ltoir}
+    inputs = [ObjectCode.from_ptx(image.ptx_for(cc).encode(), name=image.name)]
+    inputs += [make[link.kind](link.data, name=link.name) for link in image.links]
+    options = LinkerOptions(
+        arch=f"sm_{cc[0]}{cc[1]}", max_register_count=image.option("max_registers"),
+        debug=bool(image.option("debug")) or None,
+        lineinfo=bool(image.option("lineinfo")) or None,
+        link_time_optimization=any(x.kind == "ltoir" for x in image.links) or None)
+    linker = Linker(*inputs, options=options)
+    try:
+        return bytes(linker.link("cubin").code)
+    finally:
+        linker.close()
+
+
+def _fp16_mul(r, x, y):
+    i = cuda.grid(1)
+    if i < r.size:
+        r[i] = x[i] * y[i]
+
+
+@needs_nvjitlink
+@pytest.mark.parametrize("case", ["plain", "options", "debug", "linked file", "lto"])
+def test_link_cubin_gives_the_cubin_cuda_core_links(driver_12_9, plus_one_ptx, case):
+    # link_cubin calls nvJitLink itself, to keep cuda.core out of a worker's
+    # start; each option must reach nvJitLink as cuda.core's Linker passes it.
+    kernel = {
+        "plain": lambda: scale,
+        "options": lambda: dg.jit("void(float32[::1], float32)", lineinfo=True,
+                                  max_registers=24)(scale.py_func),
+        "debug": lambda: dg.jit("void(float32[::1], float32)", debug=True,
+                                opt=False)(scale.py_func),
+        "linked file": lambda: dg.jit("void(int32[::1])", link=[str(plus_one_ptx)])(bump),
+        "lto": lambda: dg.jit("void(float16[::1], float16[::1], float16[::1])",
+                              lto=True)(_fp16_mul),
+    }[case]()
+    image = kernel.images[0]
+    assert link_cubin(image, (8, 0)) == _cuda_core_cubin(image, (8, 0))
