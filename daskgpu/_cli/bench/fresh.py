@@ -51,6 +51,19 @@ def daskgpu_first_result(t0: float, path: str) -> None:
     print(time.perf_counter() - t0)
 
 
+def cuda_context_floor(t0: float, path: str) -> None:
+    """Import numpy and make the GPU's primary context current, as any CUDA process must
+    before its first kernel; print the seconds. (``path`` is not read.)"""
+    import numpy as np  # noqa: F401
+    from cuda.bindings import driver
+
+    assert driver.cuInit(0)[0] == driver.CUresult.CUDA_SUCCESS
+    err, device = driver.cuDeviceGet(0)
+    err, context = driver.cuDevicePrimaryCtxRetain(device)
+    assert driver.cuCtxSetCurrent(context)[0] == driver.CUresult.CUDA_SUCCESS
+    print(time.perf_counter() - t0)
+
+
 def numba_first_result(t0: float, path: str) -> None:
     """Unpickle the Numba dispatcher in file ``path``, launch it on 2**20 ones; print the
     seconds."""

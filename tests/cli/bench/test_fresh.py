@@ -12,7 +12,7 @@ from daskgpu._image.random_states import host_states
 
 
 def test_the_cold_start_command_starts_the_clock_then_calls_a_function_of_the_module():
-    for program in ("daskgpu_first_result", "numba_first_result"):
+    for program in ("daskgpu_first_result", "numba_first_result", "cuda_context_floor"):
         command = fresh.cold_start_command(program)
         assert command[:2] == [sys.executable, "-c"]
         code = command[2]
