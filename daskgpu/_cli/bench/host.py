@@ -93,6 +93,44 @@ def staging_copy_seconds(nbytes: int) -> float:
     return nbytes * seconds / size
 
 
+def launches_without_dask(x_name: str, y_name: str, repeat: int = 3, dask_worker=None) -> tuple:
+    """On a worker: the map's launches on this worker's chunks of ``x_name`` and ``y_name``,
+    without Dask's tasks.
+
+    Each pair of chunks gets the launch a ``map_kernel`` task makes (saxpy into
+    a fresh output), as many at once as the worker has threads. Returns the
+    best of ``repeat`` runs in seconds and the number of launches in one.
+    Against the map's own time, it leaves Dask's share: starting the graph and
+    the time between a thread's tasks.
+    """
+    from concurrent.futures import ThreadPoolExecutor
+
+    from daskgpu._cli.bench import kernels as k
+    from daskgpu._image.array_info import Zeroed
+
+    def chunks(name):
+        return {key[1:]: v for key, v in dask_worker.data.items()
+                if isinstance(key, tuple) and key[0] == name}
+
+    xs, ys = chunks(x_name), chunks(y_name)
+    pairs = [(xs[i], ys[i]) for i in sorted(xs) if i in ys]
+    if not pairs:
+        return 0.0, 0
+    two = np.float32(2.0)
+
+    def launch(pair):
+        x, y = pair
+        out = Zeroed(np.empty_like(x))
+        k.saxpy.forall(x.size)(out, two, x, y)
+        return out.array
+
+    with ThreadPoolExecutor(dask_worker.state.nthreads) as pool:
+        first = launch(pairs[0])  # warm, and checked
+        np.testing.assert_allclose(first, 2 * pairs[0][0] + pairs[0][1], rtol=1e-6)
+        seconds = min(timed(lambda: list(pool.map(launch, pairs)), repeat))
+    return seconds, len(pairs)
+
+
 def bench_map_host(cluster: BenchCluster, size_bytes: int = 1 << 30,
                    chunk_bytes: int = 64 << 20) -> list:
     """``map_kernel`` on host-resident chunks vs ``map_blocks`` + Numba and the pinned limit."""
@@ -123,6 +161,7 @@ def bench_map_host(cluster: BenchCluster, size_bytes: int = 1 << 30,
     np.testing.assert_allclose(check, 2 * x[:1000].compute() + y[:1000].compute(), rtol=1e-6)
     limit = client.submit(pinned_copy_seconds, 2 * size_bytes, size_bytes, pure=False).result()
     staging = client.submit(staging_copy_seconds, 2 * size_bytes, pure=False).result()
+    direct = client.run(launches_without_dask, x.name, y.name)  # each worker its chunks, at once
     what = f"map_kernel saxpy, 3 x {size_bytes >> 20} MiB host chunks of {chunk_bytes >> 20} MiB"
     chunks = len(dg_t) * x.npartitions
     return [
@@ -134,6 +173,11 @@ def bench_map_host(cluster: BenchCluster, size_bytes: int = 1 << 30,
         ratio(what, dg_t, [max(limit, staging)], "s",
               "practical limit: the larger of that DMA and the copy threads' staging copy "
               "of the inputs", goal=round(1 / 0.9, 2)),
+        # The same launches without Dask's tasks: the remainder is Dask's share
+        # (starting the graph, the time between a thread's tasks).
+        ratio("  the same launches on the workers' chunks, without Dask's tasks", dg_t,
+              [max(seconds for seconds, _ in direct.values())], "s",
+              "each worker launching on its chunks with as many threads"),
         # Near 1, host copies bound the map; well below, the pipeline leaves
         # the copy threads idle.
         ratio("  copy threads' busy time, per thread, during those runs", [max(busy)],
