@@ -2,12 +2,14 @@
 
 A :class:`ChunkLaunch` holds the PTX-only kernel plus one small parameter
 object per kernel parameter (:mod:`daskgpu._dask.chunk_params`), so a worker
-needs no compiler and no Python function. It is a key of the graph of its own:
-each task runs :func:`run_chunk` on it, its chunks and values, and its last
-argument says where its chunk lies (block id, shape, start). So the kernel's
-PTX travels to each worker once, not in every task, and a task carries nothing
-about the other chunks. :class:`Fused` runs two chained launches in one task, the
-intermediate staying on the GPU. The graph around them is built in
+needs no compiler and no Python function. Each task runs :func:`run_chunk` on
+it, its chunks and values, and its last argument says where its chunk lies
+(block id, shape, start), so a task carries nothing about the other chunks.
+In a graph of many chunks it is a key of its own, and the kernel's PTX
+travels to each worker once; a small graph carries it in each task, sparing
+the scheduler a round trip (:func:`~daskgpu._dask.mapping._launches`).
+:class:`Fused` runs two chained launches in one task, the intermediate staying
+on the GPU. The graph around them is built in
 :mod:`daskgpu._dask.mapping`.
 """
 

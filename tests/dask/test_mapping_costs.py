@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pickle
+
 import dask
 import dask.array as da
 import numpy as np
@@ -103,6 +105,27 @@ def test_ten_thousand_chunks_build_in_a_few_seconds(graph_costs):
     # Built, optimized and every task pickled; generous, for a slow shared machine.
     # Each task carrying all chunks' tables, as it once did, takes minutes.
     assert graph_costs["saxpy", 10_000].seconds < 10, graph_costs["saxpy", 10_000]
+
+
+def test_a_small_graph_carries_the_launch_in_each_task_a_large_one_reads_one_key():
+    # A key of its own costs a round trip through the scheduler before any
+    # chunk starts; it pays for itself once the tasks would carry more bytes
+    # of the launch than mapping.EMBED_BYTES together.
+    from dask._task_spec import DataNode
+
+    from daskgpu._cli.bench import scale
+
+    one = scale.saxpy(scale.ones(1))
+    size = len(pickle.dumps(dict(one.__dask_graph__())[(one.name, 0)].args[0].value))
+    most = mapping.EMBED_BYTES // size
+    for count, embedded in ((1, True), (most, True), (most + 1, False)):
+        arr = scale.saxpy(scale.ones(count))
+        graph = dict(arr.__dask_graph__())
+        first = graph[(arr.name, 0)].args[0]
+        assert isinstance(first, DataNode) is embedded, (count, most)
+        assert (f"{arr.name}-launch" in graph) is not embedded
+        if embedded:
+            assert isinstance(first.value, chunk_task.ChunkLaunch)
 
 
 def test_a_launching_task_carries_neither_the_ptx_nor_main():

@@ -1,8 +1,9 @@
 """The section ``scale``: what ``map_kernel`` costs per chunk as the chunks grow in number.
 
-A ``map_kernel`` task carries its own chunk's place and reads the launch (the
-kernel's PTX and parameters) from one key of the graph, so its bytes and the
-scheduler's work per task should not grow with the number of chunks. This
+A ``map_kernel`` task carries its own chunk's place and, beyond a few chunks,
+reads the launch (the kernel's PTX and parameters) from one key of the graph,
+so its bytes and the scheduler's work per task should not grow with the
+number of chunks. This
 section checks that against ``da.map_blocks(np.add, x, x)`` over the same
 chunks: the bytes of every task of the optimized graph, pickled as the
 scheduler pickles a task for a worker, and the client's time to build,
@@ -36,7 +37,8 @@ class GraphCost:
     chunks : int
         Chunks of the array.
     tasks : int
-        Tasks of its optimized graph, inputs and the launch key included.
+        Tasks of its optimized graph, inputs and the launch key (where there is one)
+        included.
     nbytes : int
         Bytes of all those tasks, each pickled on its own.
     seconds : float
