@@ -3,13 +3,13 @@
 A ``map_kernel`` task carries its own chunk's place and, beyond a few chunks,
 reads the launch (the kernel's PTX and parameters) from one key of the graph,
 so its bytes and the scheduler's work per task should not grow with the
-number of chunks. This
-section checks that against ``da.map_blocks(np.add, x, x)`` over the same
-chunks: the bytes of every task of the optimized graph, pickled as the
-scheduler pickles a task for a worker, and the client's time to build,
-optimize and pickle it, both per chunk; on the run's cluster, also the time of
-``client.compute`` per chunk. The graph rows need neither a GPU nor CuPy, and
-:func:`graph_cost` is what ``tests/dask/test_mapping_costs.py`` measures with.
+number of chunks. This section checks that against
+``da.map_blocks(np.add, x, x)`` over the same chunks: the bytes of every task
+of the optimized graph, pickled as the scheduler pickles a task for a worker,
+and the client's time to build, optimize and pickle it, both per chunk; on the
+run's cluster, also the time of ``client.compute`` per chunk. The graph rows
+need neither a GPU nor CuPy, and :func:`graph_cost` is what
+``tests/dask/test_mapping_costs.py`` measures with.
 """
 
 from __future__ import annotations

@@ -74,6 +74,11 @@ def _attribute(device, name: str) -> int:
                  f"cuDeviceGetAttribute({name})")
 
 
+def _cc(device) -> tuple:
+    return (_attribute(device, "COMPUTE_CAPABILITY_MAJOR"),
+            _attribute(device, "COMPUTE_CAPABILITY_MINOR"))
+
+
 @functools.cache  # keyed by device id: one entry per device of the process
 def _state(device_id: int) -> DeviceState:
     device = check(driver.cuDeviceGet(device_id), "cuDeviceGet")
@@ -85,10 +90,9 @@ def _state(device_id: int) -> DeviceState:
         max_grid_dim=tuple(_attribute(device, f"MAX_GRID_DIM_{a}") for a in "XYZ"),
         max_shared_memory_per_block=_attribute(device, "MAX_SHARED_MEMORY_PER_BLOCK_OPTIN"),
     )
-    cc = (_attribute(device, "COMPUTE_CAPABILITY_MAJOR"),
-          _attribute(device, "COMPUTE_CAPABILITY_MINOR"))
     _keep_freed_memory(device_id, int(_config.get("device-pool-bytes", 0)))
-    return DeviceState(device_id, context, cc, limits, _attribute(device, "MULTIPROCESSOR_COUNT"))
+    return DeviceState(device_id, context, _cc(device), limits,
+                       _attribute(device, "MULTIPROCESSOR_COUNT"))
 
 
 def facts(device_id: int) -> dict:
@@ -103,8 +107,7 @@ def facts(device_id: int) -> dict:
     bus = check(driver.cuDeviceGetPCIBusId(32, device), "cuDeviceGetPCIBusId")
     return {
         "name": name.split(b"\0", 1)[0].decode(errors="replace"),
-        "cc": (_attribute(device, "COMPUTE_CAPABILITY_MAJOR"),
-               _attribute(device, "COMPUTE_CAPABILITY_MINOR")),
+        "cc": _cc(device),
         "total_memory": int(check(driver.cuDeviceTotalMem(device), "cuDeviceTotalMem")),
         "uuid": f"GPU-{uuid[:8]}-{uuid[8:12]}-{uuid[12:16]}-{uuid[16:20]}-{uuid[20:32]}",
         "pci_bus_id": bus.split(b"\0", 1)[0].decode(errors="replace"),

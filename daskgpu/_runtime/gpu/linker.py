@@ -83,7 +83,7 @@ _NVJITLINK_INPUTS = {"ptx": "PTX", "cubin": "CUBIN", "fatbin": "FATBIN", "ltoir"
 def _nvjitlink(inputs, arch: str, image, lto: bool) -> bytes:
     # Called directly, not through cuda.core's Linker (which makes the same
     # calls, byte for byte the same cubin): importing cuda.core took 0.24 s
-    # of a fresh worker's 0.75 s to its first result on the H200.
+    # of a fresh worker's 0.75 s to its first result on the H200 (cProfile).
     from cuda.bindings import nvjitlink
 
     options = [f"-arch={arch}"]
