@@ -1,7 +1,8 @@
 """The section ``map-device``: ``map_kernel`` over chunks already on the GPU (CuPy).
 
 With no host copies to hide it, what is left is the cost per chunk: daskgpu's
-against ``da.map_blocks`` + Numba, and Dask's own floor on the same chunks.
+against ``da.map_blocks`` + Numba, and Dask's own floor on the same chunks,
+and how much of it is spent inside the tasks rather than around them.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from daskgpu._cli.bench.common import (
     placed_alloc_chunk,
     placed_noop_chunk,
     ratio,
+    task_seconds,
     timed,
     unique,
     wait_persisted,
@@ -88,6 +90,10 @@ def _map_device_rows(cluster: BenchCluster, size_bytes: int, chunk_bytes: int) -
             per_chunk[name] += [t / nchunks for t in timed(run, repeat=1)]
     dg_t, nb_t, noop_t = per_chunk["ours"], per_chunk["numba"], per_chunk["noop"]
     launch_only = client.submit(device_chunk_seconds, chunk_bytes, pure=False).result()
+    # Untimed runs under the task stream: the time inside each task, apart from
+    # Dask's around it, against the same work outside Dask and other task bodies.
+    inside = {name: float(np.mean(task_seconds(client, runs[name])))
+              for name in ("ours", "cupy", "alloc_gpu")}
     what = f"map_kernel per chunk, {nchunks} CuPy chunks of {chunk_bytes >> 20} MiB"
     return [
         ratio(what, dg_t, nb_t, "ms", "da.map_blocks + Numba kernel per chunk", goal=1.0,
@@ -107,6 +113,16 @@ def _map_device_rows(cluster: BenchCluster, size_bytes: int, chunk_bytes: int) -
         ratio("  the placed floor with a new output chunk per task", dg_t,
               per_chunk["alloc_gpu"], "ms",
               "the placed map_blocks of np.empty_like of its first chunk", scale=1e3),
+        # Where the per-chunk time is spent: inside the task (Dask's task stream,
+        # mean of one run) or around it. Far above 1, the same work takes longer
+        # inside a worker's task than in a plain loop.
+        ratio("  time inside each task, by Dask's task stream", [inside["ours"]],
+              [launch_only[0]], "ms", "the same allocation + launch outside Dask (above)",
+              scale=1e3),
+        ratio("  the same against a RawKernel task's", [inside["ours"]], [inside["cupy"]],
+              "ms", "time inside each task of the RawKernel map_blocks", scale=1e3),
+        ratio("  the same against the placed floor's task", [inside["ours"]],
+              [inside["alloc_gpu"]], "ms", "time inside each np.empty_like task", scale=1e3),
     ]
 
 
