@@ -93,11 +93,14 @@ class BenchCluster:
                                           dashboard_address=None))
 
     def close(self) -> None:
-        """Close the cluster, then its client, if they started."""
+        """Close the client, then its cluster, if they started."""
         if self._client is not None:
             client, self._client = self._client, None
-            client.cluster.close()
+            cluster = client.cluster
+            # The client first: its keys are released, so the scheduler does not warn
+            # that the workers leaving lose data someone still wants.
             client.close()
+            cluster.close()
 
     def __enter__(self) -> BenchCluster:
         return self

@@ -24,3 +24,17 @@ def test_the_bench_cluster_page_locks_what_the_chain_section_holds():
             seen = cluster.client.run(lambda: dg._config.get("pinned-output-bytes"))
     assert set(seen.values()) == {4 << 30}
 
+
+
+def test_closing_the_bench_cluster_loses_no_data_someone_still_wants(caplog):
+    # The sections keep their persisted inputs to the end of the run: with the
+    # workers gone first, the scheduler warned of lost tasks under every table.
+    from daskgpu._cli.bench.common import host_inputs
+
+    with dask.config.set({"daskgpu.simulate": True}):
+        with caplog.at_level("WARNING", logger="distributed.scheduler"):
+            with BenchCluster(BenchOptions(array_bytes=1 << 20)) as cluster:
+                cluster.start()
+                inputs = host_inputs(1 << 16, 1 << 14)
+            assert all(a.npartitions == 4 for a in inputs)
+    assert not [r for r in caplog.records if "lose already computed" in r.getMessage()]
