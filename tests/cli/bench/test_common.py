@@ -6,7 +6,7 @@ import dask
 import numpy as np
 
 import daskgpu as dg
-from daskgpu._cli.bench.common import BenchCluster, BenchOptions, noop_chunk
+from daskgpu._cli.bench.common import BenchCluster, BenchOptions, host_inputs, noop_chunk
 
 
 def test_noop_chunk_travels_by_reference_and_returns_its_first_chunk():
@@ -25,12 +25,9 @@ def test_the_bench_cluster_page_locks_what_the_chain_section_holds():
     assert set(seen.values()) == {4 << 30}
 
 
-
 def test_closing_the_bench_cluster_loses_no_data_someone_still_wants(caplog):
     # The sections keep their persisted inputs to the end of the run: with the
     # workers gone first, the scheduler warned of lost tasks under every table.
-    from daskgpu._cli.bench.common import host_inputs
-
     with dask.config.set({"daskgpu.simulate": True}):
         with caplog.at_level("WARNING", logger="distributed.scheduler"):
             with BenchCluster(BenchOptions(array_bytes=1 << 20)) as cluster:
