@@ -307,11 +307,6 @@ def flag(key: str, default: bool = False) -> bool:
     return value if isinstance(value, bool) else _bool(value)
 
 
-def simulating() -> bool:
-    """Whether kernels run in Numba's CUDA simulator in this process."""
-    return flag("simulate")
-
-
 def check() -> dict:
     """Every ``daskgpu.*`` setting, parsed; raises :class:`ConfigError` for the first bad one.
 

@@ -79,7 +79,7 @@ def _layer(module: str) -> str:
 def test_the_graph_sees_imports_inside_functions():
     graph = import_graph()
     # The backend reaches the GPU launch only when a launch runs on a GPU.
-    assert "daskgpu._runtime.gpu.run" in graph["daskgpu._runtime.backend"]
+    assert "daskgpu._runtime.gpu.run" in graph["daskgpu._runtime.backends.gpu"]
 
 
 def test_no_module_imports_another_in_a_loop():
@@ -102,6 +102,31 @@ def test_no_module_imports_another_in_a_loop():
         if module not in state:
             visit(module, [module])
     assert not loops, "import loops:\n" + "\n".join(" -> ".join(loop) for loop in loops)
+
+
+#: Outside the runtime, the GPU is reached through its backend
+#: (``daskgpu._runtime.backends``); only the bench measures the GPU modules themselves.
+GPU_MODULES_OPEN_TO = ("daskgpu._runtime.", "daskgpu._cli.bench")
+
+
+def test_only_the_runtime_and_the_bench_reach_into_the_gpu_modules():
+    wrong = []
+    for module, targets in import_graph().items():
+        if module.startswith(GPU_MODULES_OPEN_TO) or module == "daskgpu._runtime":
+            continue
+        wrong += [f"{module} imports {t}" for t in targets
+                  if t == "daskgpu._runtime.gpu" or t.startswith("daskgpu._runtime.gpu.")]
+    assert not wrong, "use daskgpu._runtime.backends instead:\n" + "\n".join(sorted(wrong))
+
+
+def test_the_gpu_rule_sees_a_reach_around_the_backend():
+    graph = import_graph()
+    # The bench may; nothing in the Dask layer or the rest of the CLI does.
+    assert any(t.startswith("daskgpu._runtime.gpu.") for t in graph["daskgpu._cli.bench.host"])
+    assert not any(t.startswith("daskgpu._runtime.gpu")
+                   for m in graph if m.startswith(("daskgpu._dask", "daskgpu._cli.main",
+                                                    "daskgpu._cli.info"))
+                   for t in graph[m])
 
 
 def test_layers_import_only_downwards():

@@ -100,7 +100,7 @@ def test_config_defaults():
     daskgpu._config.get("simulate")  # registers the defaults with dask loaded
     assert dask.config.get("daskgpu.simulate") is False
     assert dask.config.get("daskgpu.target-cc") == "7.5"
-    assert daskgpu._config.simulating() is False
+    assert daskgpu._runtime.backends.current().simulated is False
 
 
 def test_config_set_keeps_the_defaults():
@@ -109,7 +109,7 @@ def test_config_set_keeps_the_defaults():
         from daskgpu import _config
         import dask
         with dask.config.set({"daskgpu.simulate": True}):
-            inside = _config.simulating()
+            inside = _config.flag("simulate")
         print(inside, _config.get("simulate"), _config.get("target-cc"))
     """)
     assert out == "True False 7.5"
@@ -121,7 +121,7 @@ def test_config_set_with_dask_imported_first():
         import daskgpu as dg
         from daskgpu import _config
         with dask.config.set({"daskgpu.simulate": True, "daskgpu.target-cc": "9.0"}):
-            inside = _config.simulating(), _config.get("target-cc")
+            inside = _config.flag("simulate"), _config.get("target-cc")
         print(inside, _config.get("simulate"), _config.get("target-cc"))
     """)
     assert out == "(True, '9.0') False 7.5"

@@ -64,7 +64,7 @@ def _output(text):
 
 def _devices(text):
     """``--devices``: GPU ordinals or UUIDs, checked as LocalGPUCluster checks them."""
-    from daskgpu._dask.cluster import parse_devices
+    from daskgpu._dask.gpu_worker import parse_devices
 
     try:
         return list(parse_devices(text))

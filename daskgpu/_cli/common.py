@@ -58,12 +58,19 @@ def positive_int(text) -> int:
 
 
 def device_list(text) -> list:
-    devices = [d.strip() for d in str(text).split(",") if d.strip()]
-    if not devices:
-        raise argparse.ArgumentTypeError(f"no device in {text!r}; write it as 0,1")
-    if len(set(devices)) != len(devices):
-        raise argparse.ArgumentTypeError(f"a device appears twice in {text!r}")
-    return devices
+    """``--devices``: GPU ordinals or ``GPU-``/``MIG-`` UUIDs, read as a GPU worker reads them.
+
+    Examples
+    --------
+    >>> device_list("0, GPU-8f1c")
+    [0, 'GPU-8f1c']
+    """
+    from daskgpu._dask.gpu_worker import parse_devices
+
+    try:
+        return list(parse_devices(str(text)))
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def resources(text) -> dict:

@@ -76,8 +76,8 @@ def run(size=None, simulate=None, cluster=None, *, chunks=None, verbose=True) ->
     from distributed import Client, get_task_stream, wait
 
     import daskgpu as dg
-    from daskgpu import _config
-    from daskgpu._dask.mapping import workers_info
+    from daskgpu._dask.cluster_facts import workers_info
+    from daskgpu._runtime import backends
 
     say = print if verbose else (lambda *a, **k: None)
     own = cluster is None
@@ -86,7 +86,7 @@ def run(size=None, simulate=None, cluster=None, *, chunks=None, verbose=True) ->
         cluster = dg.LocalGPUCluster(simulate=simulate, dashboard_address=None)
     try:
         simulated = bool(getattr(cluster, "simulated", simulate if simulate is not None
-                                 else _config.simulating()))
+                                 else backends.current().simulated))
         if simulate is not None and simulate != simulated:
             raise ValueError(
                 f"simulate={simulate} but the cluster given runs "

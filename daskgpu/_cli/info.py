@@ -2,9 +2,11 @@
 
 :func:`machine_facts` gathers them as plain data straight from the CUDA
 driver and nvJitLink bindings; :func:`print_info` prints them for people or as
-JSON. Nothing here imports numba, so ``daskgpu info`` runs on worker machines
-that only have the runtime; :mod:`daskgpu._cli.workers` asks :func:`driver_facts`
-which GPUs the driver sees.
+JSON. The facts come from the GPU backend
+(:meth:`~daskgpu._runtime.backends.gpu.GPUBackend.machine`), whatever
+``daskgpu.simulate`` says: this command is about the machine. Nothing here
+imports numba, so ``daskgpu info`` runs on worker machines that only have the
+runtime.
 """
 
 from __future__ import annotations
@@ -13,8 +15,7 @@ import json
 import os
 
 from daskgpu._image.ptx import max_ptx_isa
-from daskgpu._runtime.gpu.device import facts as device_facts
-from daskgpu._runtime.gpu.driver import device_count, driver_version, nvjitlink_version
+from daskgpu._runtime import backends
 
 
 def print_info(as_json: bool = False) -> int:
@@ -57,8 +58,8 @@ def machine_facts() -> dict:
     """This machine's CUDA driver, nvJitLink and GPUs, as plain data (no numba)."""
     from daskgpu import __version__
 
-    drv = driver_facts()
-    njl = nvjitlink_version()
+    drv = backends.GPU.machine()
+    njl = backends.GPU.linker_version()
     drv["max_ptx_isa"] = list(max_ptx_isa(drv["version"])) if drv["version"] else None
     linker = njl or drv["version"]  # nvJitLink compiles the PTX when present
     devices = drv.pop("devices")
@@ -74,20 +75,3 @@ def machine_facts() -> dict:
                  "a GPU, use Numba's CUDA simulator: daskgpu demo --simulate, or "
                  "dg.LocalGPUCluster(simulate=True).") if not devices else None,
     }
-
-
-def driver_facts() -> dict:
-    """The driver's version and this machine's GPUs (index, name, cc), as plain data."""
-    count, reason = device_count()
-    try:
-        version = list(driver_version())
-    except Exception:  # no libcuda, or a driver that cannot say
-        version = None
-    if count == 0:
-        return {"version": version, "error": reason or None, "devices": []}
-    devices = []
-    for i in range(count):
-        f = device_facts(i)
-        devices.append({"index": i, "name": f["name"], "cc": list(f["cc"]),
-                        "total_memory": f["total_memory"], "uuid": f["uuid"]})
-    return {"version": version, "error": None, "devices": devices}

@@ -23,8 +23,9 @@ import sys
 from daskgpu._cli import bundle_commands
 from daskgpu._cli.common import USAGE_ERRORS, Parser, device_list, positive_int, resources
 from daskgpu._cli.info import print_info
-from daskgpu._cli.workers import nanny_options, run_workers
-from daskgpu._errors import DaskGPUError, UsageError
+from daskgpu._cli.workers import nanny_options, run_workers, worker_security
+from daskgpu._errors import DaskGPUError, DeviceError, UsageError
+from daskgpu._runtime import backends
 
 # Subcommands whose arguments belong to another module's own parser.
 _PASSTHROUGH = {"bench": "daskgpu._cli.bench", "batch": "daskgpu._cli.batch"}
@@ -49,7 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
     --------
     >>> ns = build_parser().parse_args(["worker", "tcp://scheduler:8786", "--devices", "0,1"])
     >>> ns.scheduler, ns.devices
-    ('tcp://scheduler:8786', ['0', '1'])
+    ('tcp://scheduler:8786', [0, 1])
     >>> build_parser().parse_args(["worker", "--nthreads", "zero"])
     Traceback (most recent call last):
     ...
@@ -104,6 +105,12 @@ def build_parser() -> argparse.ArgumentParser:
                         "the scheduler within this many seconds (default 120)")
     p.add_argument("--dashboard-address", metavar="ADDRESS",
                    help="worker dashboard address (default: a free port)")
+    for flag, what in (("--tls-ca-file", "CA certificate file"),
+                       ("--tls-cert", "the workers' certificate file"),
+                       ("--tls-key", "the workers' private key file")):
+        p.add_argument(flag, metavar="PATH",
+                       help=f"{what}, for a tls:// scheduler, as dask worker takes it "
+                            "(default: Dask's distributed.comm.tls settings)")
     p.set_defaults(_run=_cmd_worker, _check=_check_worker)
 
     p = command("demo", "run the demo job on the embedded local GPU cluster",
@@ -171,7 +178,7 @@ def main(argv=None) -> int:
         return exc.code if isinstance(exc.code, int) else 0
     try:
         return ns._run(ns) or 0
-    except USAGE_ERRORS as exc:
+    except (*USAGE_ERRORS, DeviceError) as exc:  # DeviceError: this machine cannot run it
         if getattr(exc, "parser", None) is not None:
             exc.parser.print_usage(sys.stderr)
         print(f"daskgpu {ns.command}: error: {exc}", file=sys.stderr)
@@ -202,15 +209,14 @@ def _check_worker(parser, ns):
 
 
 def _cmd_worker(ns) -> int:
-    from daskgpu import _config
-
-    simulate = _config.simulating()
+    simulate = backends.current().simulated
     specs = nanny_options(
         ns.scheduler, scheduler_file=ns.scheduler_file, devices=ns.devices,
         nthreads=ns.nthreads, resources=ns.resources, name=ns.name,
         memory_limit=ns.memory_limit, local_directory=ns.local_directory,
         death_timeout=ns.death_timeout, dashboard_address=ns.dashboard_address,
         simulate=simulate,
+        security=worker_security(ns.scheduler, ns.tls_ca_file, ns.tls_cert, ns.tls_key),
     )
     if simulate:  # the one notice line of a simulated entry point
         print(f"daskgpu worker: daskgpu.simulate is on; {len(specs)} simulated worker(s) "
@@ -237,12 +243,10 @@ def bench_unavailable():
 
     It needs a CUDA GPU and CuPy: its baselines are what users write with them.
     """
-    from daskgpu._runtime.gpu.driver import device_count, short_reason
-
-    count, reason = device_count()
-    if count == 0:
+    found = backends.GPU.devices()
+    if not found.names:
         return (f"daskgpu bench measures on a GPU and this machine has none "
-                f"({short_reason(reason)}); run it on a GPU machine")
+                f"({found.reason}); run it on a GPU machine")
     if importlib.util.find_spec("cupy") is None:
         return ("daskgpu bench needs CuPy, which is not installed: "
                 "pip install \"daskgpu[bench]\" (CUDA 12; daskgpu[bench-cu13] for CUDA 13)")

@@ -1,8 +1,8 @@
 """``daskgpu worker``: one ``distributed.Nanny`` per local GPU, each pinned to it.
 
-:func:`local_devices` picks the GPUs to serve, :func:`nanny_options` turns the
-command line's options into one Nanny spec per GPU (``CUDA_VISIBLE_DEVICES``
-pinned, the resource ``GPU=1``, :class:`~daskgpu.GPUWorkerPlugin`, host memory
+:func:`nanny_options` turns the command line's options into one Nanny spec
+per GPU, each a GPU worker as :mod:`daskgpu._dask.gpu_worker` defines it for
+:class:`~daskgpu.LocalGPUCluster` too (seeing only its own GPU, host memory
 split between the GPUs), and :func:`run_workers` runs the nannies until they
 finish or SIGINT/SIGTERM. With the dask config ``daskgpu.simulate`` on, the
 workers run kernels in Numba's CUDA simulator and need no GPU: one per device
@@ -12,56 +12,35 @@ named, or one. Nothing here imports numba.
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
 import sys
 
-from daskgpu import _config
-from daskgpu._cli import info as _info
-from daskgpu._errors import DaskGPUError, UsageError
+from daskgpu._dask.gpu_worker import (
+    host_memory,
+    local_devices,
+    worker_options,
+)
+from daskgpu._errors import UsageError
+from daskgpu._runtime import backends
 
-#: The simulated workers ``daskgpu worker`` starts when no devices are named.
-SIMULATED_DEVICES = ("0",)
+#: How many simulated workers ``daskgpu worker`` starts when no devices are named.
+SIMULATED_WORKERS = 1
 
-
-def local_devices(simulate: bool | None = None) -> list:
-    """The GPUs to serve by default: ``CUDA_VISIBLE_DEVICES``, else all the driver sees.
-
-    Simulated (``simulate``, default the ``daskgpu.simulate`` setting), one
-    device, :data:`SIMULATED_DEVICES`, whatever the machine has.
-
-    Examples
-    --------
-    >>> local_devices(simulate=True)
-    ['0']
-    """
-    if simulate is None:
-        simulate = _config.simulating()
-    if simulate:
-        return list(SIMULATED_DEVICES)
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible is not None:
-        devices = [d.strip() for d in visible.split(",") if d.strip()]
-    else:
-        devices = [str(d["index"]) for d in _info.driver_facts()["devices"]]
-    if not devices:
-        raise DaskGPUError(
-            "no GPU to serve: "
-            + (f"CUDA_VISIBLE_DEVICES={visible!r} names none" if visible is not None
-               else "the CUDA driver sees no device")
-            + ". Pass --devices 0,1, or, without GPUs, run simulated workers with the "
-            "dask config daskgpu.simulate on (DASK_DASKGPU__SIMULATE=1)."
-        )
-    return devices
+#: What to do on a machine without a GPU.
+NO_GPU_FIX = ("Run daskgpu worker on a GPU machine (check the NVIDIA driver and "
+              "CUDA_VISIBLE_DEVICES), or run simulated workers with the dask config "
+              "daskgpu.simulate on (DASK_DASKGPU__SIMULATE=1).")
 
 
 def nanny_options(scheduler=None, *, scheduler_file=None, devices=None, nthreads=1,
                  resources=None, name=None, memory_limit="auto", local_directory=None,
-                 death_timeout=None, dashboard_address=None, simulate=None) -> list:
+                 death_timeout=None, dashboard_address=None, simulate=None,
+                 security=None) -> list:
     """Keyword arguments of one ``distributed.Nanny`` per GPU, as ``daskgpu worker`` starts them.
 
     Each worker sees only its GPU (``CUDA_VISIBLE_DEVICES`` pinned), offers the
-    resource ``GPU=1`` and runs :class:`~daskgpu.GPUWorkerPlugin`.
+    resource ``GPU=1`` and runs :class:`~daskgpu.GPUWorkerPlugin`
+    (:func:`~daskgpu._dask.gpu_worker.worker_options`).
 
     Parameters
     ----------
@@ -69,12 +48,13 @@ def nanny_options(scheduler=None, *, scheduler_file=None, devices=None, nthreads
         Scheduler address; default the dask config ``scheduler-address``.
     scheduler_file : str, optional
         Instead of ``scheduler``, a scheduler file.
-    devices : list of str, optional
-        Device ordinals or UUIDs; default :func:`local_devices`. Simulated,
-        only their number matters: one worker runs per device named.
+    devices : str or list, optional
+        Device ordinals or ``GPU-``/``MIG-`` UUIDs; default the GPUs this machine
+        shows (``CUDA_VISIBLE_DEVICES``, else all the driver sees). Simulated,
+        only their number matters: one worker runs per device named, or one.
     nthreads : int
     resources : dict, optional
-        Extra resources; ``GPU`` defaults to 1.
+        Extra resources; ``GPU`` is 1 (other values are refused).
     name, memory_limit, local_directory, dashboard_address
         As ``distributed.Nanny`` takes them; ``name`` gets ``-<device>`` with
         several devices, and ``memory_limit="auto"`` splits the host's memory
@@ -84,12 +64,13 @@ def nanny_options(scheduler=None, *, scheduler_file=None, devices=None, nthreads
         each time its nanny starts it: at first, and again after a lost CUDA
         context or ``client.restart()``. Default, as for
         :class:`~daskgpu.LocalGPUCluster`,
-        :data:`~daskgpu._dask.cluster.WORKER_START_TIMEOUT` (120 s).
+        :data:`~daskgpu._dask.gpu_worker.WORKER_START_TIMEOUT` (120 s).
     simulate : bool, optional
         Run kernels in Numba's CUDA simulator (no GPU needed); default the
-        dask config ``daskgpu.simulate``. Each worker gets the setting both
-        as ``DASK_DASKGPU__SIMULATE`` and in its dask config, and with no
-        ``devices``, one worker runs, pinned to no GPU.
+        backend's answer (the dask config ``daskgpu.simulate``). Simulated
+        workers are pinned to no GPU.
+    security : distributed.Security, optional
+        TLS credentials for a ``tls://`` scheduler.
 
     Returns
     -------
@@ -97,12 +78,15 @@ def nanny_options(scheduler=None, *, scheduler_file=None, devices=None, nthreads
 
     Examples
     --------
-    >>> specs = nanny_options("tcp://10.0.0.1:8786", devices=["0", "1"])
-    >>> [s["env"] for s in specs]
-    [{'CUDA_VISIBLE_DEVICES': '0'}, {'CUDA_VISIBLE_DEVICES': '1'}]
-    >>> specs[0]["resources"]
-    {'GPU': 1}
+    >>> specs = nanny_options("tcp://10.0.0.1:8786", devices="0,1")  # doctest: +SKIP
+    >>> [s["env"]["CUDA_VISIBLE_DEVICES"] for s in specs]  # doctest: +SKIP
+    ['0', '1']
+
+    Simulated, on any machine:
+
     >>> (spec,) = nanny_options("tcp://10.0.0.1:8786", simulate=True)
+    >>> spec["resources"]
+    {'GPU': 1}
     >>> spec["env"], spec["config"]
     ({'DASK_DASKGPU__SIMULATE': 'True'}, {'daskgpu.simulate': True})
     """
@@ -118,47 +102,67 @@ def nanny_options(scheduler=None, *, scheduler_file=None, devices=None, nthreads
     if scheduler is not None and scheduler_file is not None:
         raise UsageError("give either a scheduler address or a scheduler file, not both")
     if simulate is None:
-        simulate = _config.simulating()
-    pin = bool(devices) or not simulate  # simulated defaults are no real GPUs
-    devices = list(devices) if devices else local_devices(simulate)
-    if memory_limit == "auto":
-        # Host memory split between this machine's GPU workers, as dask-cuda does;
-        # distributed's own "auto" would give each single-threaded worker one
-        # core's share.
-        from distributed.system import MEMORY_LIMIT
+        simulate = backends.current().simulated
+    try:
+        devices = local_devices(devices, simulate=simulate, simulated_count=SIMULATED_WORKERS,
+                                no_gpu_fix=NO_GPU_FIX)
+    except ValueError as exc:  # a device named as CUDA_VISIBLE_DEVICES cannot take it
+        raise UsageError(f"--devices: {exc}") from None
+    memory_limit = host_memory(memory_limit, len(devices))
+    extra = {} if dashboard_address is None else {"dashboard_address": dashboard_address}
+    if death_timeout is not None:
+        extra["death_timeout"] = death_timeout
+    if security is not None:
+        extra["security"] = security
+    try:
+        return [worker_options(
+            devices, i, simulate=simulate, peers=False, nthreads=nthreads,
+            resources=resources, scheduler_ip=scheduler, scheduler_file=scheduler_file,
+            name=name if name is None or len(devices) == 1 else f"{name}-{device}",
+            memory_limit=memory_limit, local_directory=local_directory, **extra)
+            for i, device in enumerate(devices)]
+    except ValueError as exc:  # resources GPU=2
+        raise UsageError(f"--resources: {exc}") from None
 
-        memory_limit = MEMORY_LIMIT // len(devices)
-    from daskgpu._dask.cluster import WORKER_START_TIMEOUT
-    from daskgpu._dask.plugin import GPUWorkerPlugin
 
-    if death_timeout is None:
-        # The nanny gives up on a worker process that does not start in this
-        # time, on a restart too. A finite bound, long enough for a restart that
-        # re-imports slow modules and creates a CUDA context again on a loaded
-        # machine; a worker that cannot start then fails, and the nanny logs it.
-        death_timeout = WORKER_START_TIMEOUT
-    specs = []
-    for device in devices:
-        spec = {
-            "scheduler_ip": scheduler,
-            "scheduler_file": scheduler_file,
-            "nthreads": nthreads,
-            "resources": {"GPU": 1, **(resources or {})},
-            "env": {"CUDA_VISIBLE_DEVICES": str(device)} if pin else {},
-            "plugins": {GPUWorkerPlugin()},
-            "name": name if name is None or len(devices) == 1 else f"{name}-{device}",
-            "memory_limit": memory_limit,
-            "local_directory": local_directory,
-            "death_timeout": death_timeout,
-        }
-        if dashboard_address is not None:
-            spec["dashboard_address"] = dashboard_address
-        if simulate:
-            # Both: a worker reads dask's config, a bare process the variable.
-            spec["env"]["DASK_DASKGPU__SIMULATE"] = "True"
-            spec["config"] = {"daskgpu.simulate": True}
-        specs.append(spec)
-    return specs
+def worker_security(scheduler, ca_file=None, cert=None, key=None):
+    """The ``distributed.Security`` of ``--tls-ca-file/--tls-cert/--tls-key``, or None
+    to use Dask's ``distributed.comm.tls`` settings.
+
+    A ``tls://`` scheduler with credentials from neither is refused in one line
+    that names both ways to give them (the nanny would fail later with a
+    traceback). Give all three files or none.
+
+    Examples
+    --------
+    >>> worker_security("tcp://10.0.0.1:8786") is None
+    True
+    >>> worker_security("tls://10.0.0.1:8786")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    daskgpu._errors.UsageError: the scheduler tls://10.0.0.1:8786 takes TLS connections, ...
+    """
+    given = {"--tls-ca-file": ca_file, "--tls-cert": cert, "--tls-key": key}
+    if any(given.values()):
+        missing = [flag for flag, value in given.items() if not value]
+        if missing:
+            raise UsageError(f"TLS needs --tls-ca-file, --tls-cert and --tls-key together; "
+                             f"{' and '.join(missing)} missing")
+        from distributed.security import Security
+
+        return Security(tls_ca_file=ca_file, tls_worker_cert=cert, tls_worker_key=key,
+                        require_encryption=True)
+    if str(scheduler or "").startswith("tls://"):
+        import dask.config
+
+        tls = dask.config.get("distributed.comm.tls", {}) or {}
+        if not (tls.get("ca-file") and (tls.get("worker") or {}).get("cert")):
+            raise UsageError(
+                f"the scheduler {scheduler} takes TLS connections, and no credentials "
+                "were given: pass --tls-ca-file, --tls-cert and --tls-key (as to dask "
+                "worker), or set Dask's distributed.comm.tls.ca-file and "
+                "distributed.comm.tls.worker.cert/key")
+    return None
 
 
 async def run_workers(specs, stop: asyncio.Event | None = None) -> None:

@@ -9,7 +9,7 @@ import threading
 from daskgpu._compiler.compile import CompileOptions, compile_image
 from daskgpu._compiler.signatures import normalize, typeof_args
 from daskgpu._errors import PicklingError
-from daskgpu._runtime import backend
+from daskgpu._runtime import backends
 from daskgpu._runtime.dispatch import select_image
 from daskgpu._runtime.launch import LaunchAPI, written_result
 from daskgpu._runtime.ptx_kernel import PTXKernel
@@ -163,7 +163,7 @@ class Kernel(LaunchAPI):
 
     def _run(self, image, config, args, infos):
         # The simulator runs the live function; the GPU the image's PTX.
-        backend.current().run(image, config, args, infos, function=self.py_func)
+        backends.current().run(image, config, args, infos, function=self.py_func)
         return written_result(args, image.writes)
 
     def ptx_kernel(self, with_function: bool | None = None) -> PTXKernel:
@@ -181,7 +181,7 @@ class Kernel(LaunchAPI):
                 f"or {self.__name__}.specialize(*args) with example arguments."
             )
         if with_function is None:
-            with_function = backend.current().simulated
+            with_function = backends.current().simulated
         if with_function:  # simulated workers run the Python function
             blob = function_blob(self.py_func)
             images = tuple(im.with_py_func(blob) for im in images)

@@ -14,7 +14,7 @@ import threading
 from numba import cuda, uint32, uint64
 
 from daskgpu._image.random_states import RandomStates
-from daskgpu._runtime import backend
+from daskgpu._runtime import backends
 
 __all__ = ["builder", "random_states"]
 
@@ -139,6 +139,6 @@ def random_states(seed, n=None, start=0) -> RandomStates:
             raise TypeError("random_states(start=...) needs n; in map_kernel give only the seed")
         return RandomStates(seed)
     states = RandomStates(seed, n, start)
-    if not backend.current().simulated:  # simulated workers build states on the host
+    if not backends.current().simulated:  # simulated workers build states on the host
         states.builder = builder()
     return states

@@ -79,7 +79,7 @@ class ChunkContext(NamedTuple):
     xp : module
         NumPy, or CuPy when the chunks are CuPy arrays.
     backend : GPUBackend or SimulatorBackend
-        Where the launch runs (:mod:`daskgpu._runtime.backend`).
+        Where the launch runs (:mod:`daskgpu._runtime.backends`).
     chain : DeviceChain or None
         The device chain of a fused task (:class:`~daskgpu._dask.chunk_task.Fused`).
     keep : bool

@@ -21,7 +21,7 @@ import numpy as np
 
 from daskgpu._bounded import BoundedCache
 from daskgpu._dask.chunk_params import ChunkContext, ChunkParam, array_module, is_cupy
-from daskgpu._runtime import backend as backends
+from daskgpu._runtime import backends
 
 __all__ = ["ChunkLaunch", "Fused", "launches", "run_chunk"]
 

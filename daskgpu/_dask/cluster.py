@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import operator
-import os
 import threading
 
 import dask.config
@@ -25,25 +23,22 @@ from distributed import Nanny, Scheduler, SpecCluster, Worker
 from distributed.core import Status
 from distributed.deploy.cluster import Cluster
 from distributed.security import Security
-from distributed.worker_memory import parse_memory_limit
 
 from daskgpu import _config
+from daskgpu._dask.gpu_worker import (
+    WORKER_START_TIMEOUT,
+    host_memory,
+    local_devices,
+    worker_options,
+)
 from daskgpu._dask.placement import GPUPlacement
-from daskgpu._dask.plugin import GPUWorkerPlugin
-from daskgpu._errors import DeviceError
+from daskgpu._runtime import backends
 
 logger = logging.getLogger("daskgpu")
 
 #: Workers a simulated cluster runs when no devices are given.
 SIMULATED_WORKERS = 2
 
-#: Seconds a worker process may take to start, each time its nanny starts it,
-#: before the nanny gives up on it: the Nanny's ``death_timeout``, for
-#: LocalGPUCluster and ``daskgpu worker``. A restart (after a lost CUDA context,
-#: or ``client.restart()``) re-imports the user's main module, eager kernels and
-#: all (21 s once on a loaded machine); a first start also creates a CUDA
-#: context. As long as ``client.restart()`` waits for workers by default.
-WORKER_START_TIMEOUT = 120
 
 
 class LocalGPUCluster(SpecCluster):
@@ -152,7 +147,7 @@ interface, silence_logs, memory_limit, asynchronous, loop, name, scheduler_kwarg
             silence_logs=silence_logs, death_timeout=death_timeout,
             dashboard_address=worker_dashboard_address,
             dashboard=worker_dashboard_address is not None,
-            memory_limit=parse_memory_limit(memory_limit, 1, len(devices), logger=logger),
+            memory_limit=host_memory(memory_limit, len(devices)),
         )
         scheduler = {
             "cls": Scheduler,
@@ -279,7 +274,7 @@ class _SimulationScope:
     def enter(self):
         with self._lock:
             self._open += 1
-            if not _config.simulating():
+            if not backends.current().simulated:
                 self._guards.append(dask.config.set({"daskgpu.simulate": True}))
             return self
 
@@ -397,7 +392,8 @@ def _transport(security, protocol, host, interface, processes, scheduler_port):
 def resolve_devices(devices=None, simulate=None):
     """The devices to run workers on, and whether to simulate: ``(devices, simulate)``.
 
-    Logs a line to the ``daskgpu`` logger when the result is simulated.
+    ``simulate=None`` simulates when ``daskgpu.simulate`` is on or the backend
+    finds no GPU. Logs a line to the ``daskgpu`` logger when the result is simulated.
 
     Examples
     --------
@@ -406,106 +402,22 @@ def resolve_devices(devices=None, simulate=None):
     >>> resolve_devices(simulate=True)
     ((0, 1), True)
     """
-    devices = parse_devices(devices)
     if simulate:
         why, level = "simulate=True", logging.INFO
-    elif simulate is None and _config.simulating():
+    elif simulate is None and backends.current().simulated:
         why, level = "daskgpu.simulate is on", logging.INFO
     else:
-        visible, reason = visible_devices()
-        if visible:
-            if devices and "CUDA_VISIBLE_DEVICES" not in os.environ:
-                missing = [d for d in devices if isinstance(d, int) and d >= len(visible)]
-                if missing:
-                    raise DeviceError(
-                        f"devices={list(devices)} names GPU {missing[0]}, but this "
-                        f"machine has {len(visible)} GPU(s), 0 to {len(visible) - 1}; "
-                        "nvidia-smi -L lists them"
-                    )
-            return devices or visible, False
-        if simulate is not None:
-            raise DeviceError(
-                f"LocalGPUCluster(simulate=False) found no CUDA GPU ({reason})."
-                " Install the NVIDIA driver and check CUDA_VISIBLE_DEVICES, or pass "
-                "simulate=True to run kernels in Numba's CUDA simulator."
-            )
-        why, level = f"no CUDA GPU: {reason}", logging.WARNING
-    devices = devices or tuple(range(SIMULATED_WORKERS))
+        found = backends.GPU.devices()
+        if found.names or simulate is not None:
+            fix = ("Install the NVIDIA driver and check CUDA_VISIBLE_DEVICES, or pass "
+                   "simulate=True to run kernels in Numba's CUDA simulator.")
+            return local_devices(devices, simulate=False, no_gpu_fix=fix), False
+        why, level = f"no CUDA GPU: {found.reason}", logging.WARNING
+    devices = local_devices(devices, simulate=True, simulated_count=SIMULATED_WORKERS)
     # One short line: a newcomer without a GPU sees it on every start.
     logger.log(level, "LocalGPUCluster: %s; %d simulated workers run kernels in Numba's "
                "CUDA simulator", why, len(devices))
     return devices, True
-
-
-def parse_devices(devices) -> tuple:
-    """Normalise ``devices`` to a tuple of ordinals and ``GPU-``/``MIG-`` strings.
-
-    Examples
-    --------
-    >>> parse_devices("0, 1")
-    (0, 1)
-    >>> parse_devices([2, "MIG-4b1e"])
-    (2, 'MIG-4b1e')
-    >>> parse_devices(None) is None
-    True
-    """
-    if devices is None:
-        return None
-    if isinstance(devices, str):
-        items = [d for d in devices.split(",") if d.strip()]
-    elif isinstance(devices, int):
-        items = [devices]
-    else:
-        items = list(devices)
-    parsed = tuple(_parse_device(d) for d in items)
-    if not parsed:
-        raise ValueError(
-            f"devices={devices!r} names no device; leave it None to use every "
-            "visible GPU"
-        )
-    if len(set(parsed)) != len(parsed):
-        raise ValueError(f"devices={devices!r} names a device twice; one worker runs per GPU")
-    return parsed
-
-
-def _parse_device(d):
-    if isinstance(d, str):
-        d = d.strip()
-        if d.isdigit():
-            return int(d)
-        if d.startswith(("GPU-", "MIG-")) and len(d) > 4:
-            return d
-    elif not isinstance(d, bool):
-        try:
-            d = operator.index(d)
-        except TypeError:
-            pass
-        else:
-            if d >= 0:
-                return d
-    raise ValueError(
-        f"{d!r} is not a device: give an ordinal (0, 1, ...), a 'GPU-<uuid>' or a "
-        "'MIG-<uuid>' string, as CUDA_VISIBLE_DEVICES takes them (nvidia-smi -L lists them)"
-    )
-
-
-def visible_devices() -> tuple:
-    """The GPUs this process sees, and why there are none.
-
-    Returns ``(devices, reason)``: ``devices`` as ``CUDA_VISIBLE_DEVICES``
-    names them (its entries, else ordinals), empty without a GPU, when
-    ``reason`` says why in a few words. Counts with the driver API; imports no numba.
-    """
-    from daskgpu._runtime.gpu.driver import device_count, short_reason
-
-    count, reason = device_count()
-    if count == 0:
-        return (), short_reason(reason)
-    env = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if env is None:
-        return tuple(range(count)), ""
-    # CUDA stops at the first entry it cannot use: the first `count` are the GPUs.
-    return parse_devices([d for d in env.split(",") if d.strip()][:count]), ""
 
 
 async def _close_nanny(nanny) -> None:
@@ -529,10 +441,9 @@ def worker_specs(devices, *, simulate, threads_per_worker=1, processes=True,
                  **options) -> dict:
     """One ``SpecCluster`` worker spec per device, named 0, 1, ...
 
-    Worker ``i``'s ``CUDA_VISIBLE_DEVICES`` starts at ``devices[i]`` and
-    continues round the list; simulated workers get none, since their devices
-    are not real GPUs (distributed's NVML monitor would look them up). Each
-    worker offers ``GPU=1`` and runs its own :class:`GPUWorkerPlugin`.
+    Each is a GPU worker as :func:`~daskgpu._dask.gpu_worker.worker_options`
+    defines it, with its peers visible: worker ``i``'s ``CUDA_VISIBLE_DEVICES``
+    starts at ``devices[i]`` and continues round the list.
 
     Examples
     --------
@@ -543,25 +454,8 @@ def worker_specs(devices, *, simulate, threads_per_worker=1, processes=True,
     {'GPU': 1}
     """
     devices = tuple(devices)
-    specs = {}
-    for i in range(len(devices)):
-        opts = dict(options)
-        opts["nthreads"] = threads_per_worker
-        opts["resources"] = {**(options.get("resources") or {}), "GPU": 1}
-        opts["plugins"] = (*(options.get("plugins") or ()), GPUWorkerPlugin())
-        if processes:
-            cls = Nanny
-            env = {**(options.get("env") or {}),
-                   # dask.config reads DASK_-prefixed variables: daskgpu.simulate.
-                   "DASK_DASKGPU__SIMULATE": str(bool(simulate))}
-            if not simulate:  # simulated devices are not real GPUs: pin none
-                env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, devices[i:] + devices[:i]))
-            opts["env"] = env
-            # A Nanny hands its worker this process's whole config, which another
-            # cluster may have set to simulate: this cluster's setting wins.
-            opts["config"] = {**(options.get("config") or {}),
-                              "daskgpu.simulate": bool(simulate)}
-        else:
-            cls = Worker
-        specs[i] = {"cls": cls, "options": opts}
-    return specs
+    return {i: {"cls": Nanny if processes else Worker,
+                "options": worker_options(devices, i, simulate=simulate, peers=True,
+                                          process=processes, nthreads=threads_per_worker,
+                                          **options)}
+            for i in range(len(devices))}

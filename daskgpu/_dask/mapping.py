@@ -17,19 +17,17 @@ from __future__ import annotations
 import math
 import operator
 import pickle
-import sys
 from contextlib import nullcontext
 from numbers import Integral
-from typing import NamedTuple
 
 import numpy as np
 
-from daskgpu._bounded import BoundedCache
 from daskgpu._config import flag
 from daskgpu._dask import reduction
 from daskgpu._dask.arguments import Out, check_extras, classify, mapped_rank, offset
 from daskgpu._dask.chunk_params import ChunkParam, ChunkPlaces, OutParam, PerChunkParam, is_cupy
 from daskgpu._dask.chunk_task import ChunkLaunch, run_chunk
+from daskgpu._dask.cluster_facts import cluster_facts
 from daskgpu._dask.launch_plan import (
     ChainLink,
     chains,
@@ -47,73 +45,10 @@ from daskgpu._dask.map_keywords import (
     output_dtype,
     resolve_outs,
 )
-from daskgpu._dask.placement import GPU, LAUNCH_SHARE, ensure_placement
-from daskgpu._dask.plugin import SIMULATED_METRIC
-from daskgpu._runtime import backend as backends
+from daskgpu._dask.placement import GPU, LAUNCH_SHARE
+from daskgpu._runtime import backends
 
 __all__ = ["Out", "map_kernel", "offset"]
-
-
-# -- placement ----------------------------------------------------------------
-
-def workers_info(client) -> dict:
-    """Every worker's scheduler info (address to dict) from a synchronous client."""
-    try:
-        info = client.scheduler_info(n_workers=-1)
-    except TypeError:  # distributed before 2025 lists every worker by default
-        info = client.scheduler_info()
-    return info.get("workers", {})
-
-
-class ClusterFacts(NamedTuple):
-    """What the current Dask cluster's workers offer, as the scheduler reports them."""
-
-    #: Some worker offers the ``GPU`` resource: launches are placed on such workers.
-    offers_gpu: bool = False
-    #: Some worker runs kernels in the CUDA simulator: it needs the Python function.
-    simulates: bool = False
-
-
-#: What each cluster offers, by scheduler address (client side). Asking costs
-#: a round trip of a few milliseconds on every ``map_kernel`` call; once a
-#: cluster has shown GPU workers, its facts are kept (if they all leave,
-#: annotated tasks wait for one to come back, where plain tasks would fail on
-#: a worker without a GPU). A cluster seen without any is asked again next
-#: time, since GPU workers may join it.
-gpu_clusters = BoundedCache(64, "scheduler addresses with GPU workers")
-
-
-def cluster_facts() -> ClusterFacts:
-    """What the current client's cluster offers; nothing without a (synchronous) client.
-
-    A cluster that offers GPUs also gets :class:`~daskgpu._dask.placement.GPUPlacement`,
-    which keeps every launch on a GPU worker whatever the graph's optimization
-    drops. Simulated workers say so through the worker metric
-    :data:`~daskgpu._dask.plugin.SIMULATED_METRIC` of their plugin.
-    """
-    if "distributed" not in sys.modules:  # no client can be current
-        return ClusterFacts()
-    try:
-        from distributed import get_client
-
-        client = get_client()
-        if client.asynchronous:  # its cached scheduler info lists no workers
-            return ClusterFacts()
-        address = client.scheduler.address
-        facts = gpu_clusters.lookup(address)
-        if facts is None:
-            workers = workers_info(client).values()
-            facts = ClusterFacts(
-                offers_gpu=any((w.get("resources") or {}).get(GPU) for w in workers),
-                simulates=any((w.get("metrics") or {}).get(SIMULATED_METRIC)
-                              for w in workers))
-            if not facts.offers_gpu:
-                return facts
-            gpu_clusters.put(address, facts)
-        ensure_placement(client)
-    except Exception:  # no client, or it is gone: build the plain graph
-        return ClusterFacts()
-    return facts
 
 
 # -- building the graph -------------------------------------------------------

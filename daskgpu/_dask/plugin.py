@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 
 from dask.utils import key_split
 from distributed.diagnostics.plugin import WorkerPlugin
@@ -24,7 +23,8 @@ from distributed.metrics import context_meter
 from distributed.protocol import pickle
 
 from daskgpu import _config
-from daskgpu._errors import ContextLostError, DeviceError
+from daskgpu._errors import ContextLostError
+from daskgpu._runtime import backends
 from daskgpu._runtime import metrics
 from daskgpu._runtime.metrics import ACTIVITIES
 
@@ -327,42 +327,6 @@ def _simulated(worker) -> bool:
 
 
 def _probe(warm: bool) -> dict:
-    """This process's device facts; with ``warm``, also import the launch runtime."""
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if _config.simulating():
-        return {
-            "simulated": True, "device_id": 0, "name": "Numba CUDA simulator",
-            "cc": None, "total_memory": None, "uuid": None, "pci_bus_id": None,
-            "driver_version": None, "nvjitlink_version": None,
-            "cuda_visible_devices": visible,
-        }
-    # Worker-only imports: the driver's bindings and the runtime load here, not on import.
-    try:
-        from daskgpu._runtime.gpu import device as _device
-
-        state = _device.current()
-    except Exception as e:
-        raise DeviceError(
-            f"daskgpu found no usable CUDA GPU in this process "
-            f"(CUDA_VISIBLE_DEVICES={visible!r}): {type(e).__name__}: {e}. "
-            "Install the NVIDIA driver and check CUDA_VISIBLE_DEVICES, or run "
-            "kernels in Numba's CUDA simulator with the dask.config setting "
-            "daskgpu.simulate=True (LocalGPUCluster(simulate=True) sets it)."
-        ) from e
-    if warm:  # the general and the repeat launch paths, and all they use
-        import daskgpu._runtime.gpu.fast_path  # noqa: F401
-    from daskgpu._runtime.gpu.driver import driver_version, nvjitlink_version
-
-    facts = _device.facts(state.id)
-    return {
-        "simulated": False,
-        "device_id": state.id,
-        "name": facts["name"],
-        "cc": state.cc,
-        "total_memory": facts["total_memory"],
-        "uuid": facts["uuid"],
-        "pci_bus_id": facts["pci_bus_id"],
-        "driver_version": driver_version(),
-        "nvjitlink_version": nvjitlink_version(),
-        "cuda_visible_devices": visible,
-    }
+    """This process's device facts, from its backend; with ``warm``, also load the launch
+    paths."""
+    return backends.current().device_facts(warm=warm)

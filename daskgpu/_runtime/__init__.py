@@ -10,9 +10,9 @@ module                   what it holds
 ``launch``               ``Launch`` and ``LaunchAPI``: launch syntax and dispatch
 ``ptx_kernel``           ``PTXKernel``: a compiled kernel as plain data
 ``dispatch``             which image takes the arguments, as Numba's dispatcher picks
-``backend``              where a launch runs: the GPU or the simulator
-``gpu/``                 the GPU backend: link, cache, marshal, stage, launch
-``simulator``            the simulator backend: Numba's CUDA simulator on the host
+``backends/``            the one seam to a device: which runs launches, what it is
+``gpu/``                 the GPU: link, cache, marshal, stage, launch
+``simulator``            Numba's CUDA simulator on the host
 ``random_states``        ``dg.random_states`` built where the kernel runs
 ``faults``               exceptions raised by kernels on the device
 ``metrics``              launch time by activity for whoever hosts the runtime; NVTX

@@ -2,7 +2,7 @@
 
 Everything here is plain data plus dispatch; it imports neither numba nor a GPU
 library, so unpickling a launch is cheap and needs no device. Where a launch
-runs is the backend's decision (:mod:`daskgpu._runtime.backend`).
+runs is the backend's decision (:mod:`daskgpu._runtime.backends`).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from daskgpu._errors import LaunchConfigError, PicklingError
 from daskgpu._image.array_info import Zeroed, array_info
 from daskgpu._image.launch_config import LaunchConfig
 from daskgpu._image.random_states import RandomStates
-from daskgpu._runtime import backend
+from daskgpu._runtime import backends
 
 
 def written_result(args, writes):
@@ -93,7 +93,7 @@ class Launch:
         # Only the first image may take the fast path: matching one image alone
         # must pick what select_image would. The simulator has none.
         if image is self.kernel.images[0]:
-            self._fast = backend.for_image(image).repeat_launch(
+            self._fast = backends.for_image(image).repeat_launch(
                 image, self.config, infos, args, self.kernel.launch_images())
         return result
 
@@ -239,5 +239,5 @@ class LaunchAPI:
 
     # -- dispatch, shared by both kinds of kernel ----------------------------
     def _run(self, image, config, args, infos):
-        backend.for_image(image).run(image, config, args, infos)
+        backends.for_image(image).run(image, config, args, infos)
         return written_result(args, image.writes)

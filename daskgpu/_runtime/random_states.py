@@ -1,7 +1,7 @@
 """Random states built where the kernel runs: on the GPU, or on the host when simulating.
 
 :func:`build` makes the xoroshiro128+ states of one launch through the backend
-(:mod:`daskgpu._runtime.backend`): on a GPU by launching the states kernel that
+(:mod:`daskgpu._runtime.backends`): on a GPU by launching the states kernel that
 the client compiled (the worker needs no numba), in simulation on the host by
 the same jump table (:func:`~daskgpu._image.random_states.host_states`).
 Either way state *g* is state *g* of Numba's
@@ -11,7 +11,7 @@ Either way state *g* is state *g* of Numba's
 from __future__ import annotations
 
 from daskgpu._image.random_states import RandomStates
-from daskgpu._runtime import backend
+from daskgpu._runtime import backends
 
 __all__ = ["build", "expand"]
 
@@ -30,7 +30,7 @@ def build(seed: int, base: int, shape: tuple, strides: tuple, builder=None):
     >>> build(7, 0, (3,), (1,)).shape
     (3,)
     """
-    return backend.current().random_states(seed, base, shape, strides, builder)
+    return backends.current().random_states(seed, base, shape, strides, builder)
 
 
 def expand(args):

@@ -1,7 +1,6 @@
 """``daskgpu worker`` without a GPU: with ``daskgpu.simulate`` on it starts simulated workers."""
 
 import asyncio
-import json
 import os
 import pathlib
 import subprocess
@@ -16,16 +15,16 @@ from restart_helpers import SLOW_MODULE, lose_the_context
 
 import daskgpu as dg
 from daskgpu import _config
-from daskgpu._cli import info as _info
 from daskgpu._cli import main as cli
 from daskgpu._cli.main import main
-from daskgpu._cli.workers import local_devices, nanny_options, run_workers
-from daskgpu._dask.cluster import WORKER_START_TIMEOUT
+from daskgpu._cli.workers import nanny_options, run_workers
+from daskgpu._dask.gpu_worker import WORKER_START_TIMEOUT
+from daskgpu._runtime import backends
+from daskgpu._runtime.backends.base import Devices
 
 _config.register()  # before dask.config.set, so the defaults outlive its blocks
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
-NO_DRIVER = {"version": None, "error": "DynamicLibNotFoundError: no libcuda", "devices": []}
 
 
 # At module level: simulated, the kernel travels with its Python function.
@@ -40,7 +39,7 @@ def saxpy(out, a, x, y):
 def no_gpu(monkeypatch):
     """A machine without a GPU or CUDA_VISIBLE_DEVICES."""
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    monkeypatch.setattr(_info, "driver_facts", lambda: json.loads(json.dumps(NO_DRIVER)))
+    monkeypatch.setattr(backends.GPU, "devices", lambda: Devices((), "libcuda not found"))
 
 
 @pytest.fixture
@@ -78,15 +77,14 @@ def test_simulated_workers_one_per_device_named(no_gpu, captured_specs):
         assert main(["worker", "tcp://s:8786", "--devices", "0,1,2", "--name", "sim"]) == 0
     (specs,) = captured_specs
     assert [s["name"] for s in specs] == ["sim-0", "sim-1", "sim-2"]
-    assert [s["env"] for s in specs] == [
-        {"CUDA_VISIBLE_DEVICES": d, "DASK_DASKGPU__SIMULATE": "True"} for d in "012"]
+    # Simulated workers have no device: none is pinned, as in LocalGPUCluster.
+    assert [s["env"] for s in specs] == [{"DASK_DASKGPU__SIMULATE": "True"}] * 3
     assert all(s["config"] == {"daskgpu.simulate": True} for s in specs)
 
 
 def test_simulated_default_is_one_worker_even_where_gpus_are_visible(monkeypatch):
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
-    assert local_devices(simulate=True) == ["0"]
-    assert local_devices(simulate=False) == ["0", "1"]
+    monkeypatch.setattr(backends.GPU, "devices", lambda: Devices(("0", "1")))
+    assert len(nanny_options("tcp://s:8786", simulate=False)) == 2
     (spec,) = nanny_options("tcp://s:8786", simulate=True)
     assert "CUDA_VISIBLE_DEVICES" not in spec["env"]
 
@@ -94,16 +92,23 @@ def test_simulated_default_is_one_worker_even_where_gpus_are_visible(monkeypatch
 def test_without_simulate_and_without_a_gpu_the_error_names_the_setting(
         no_gpu, captured_specs, capsys):
     with dask.config.set({"daskgpu.simulate": False}):
-        assert main(["worker", "tcp://s:8786"]) == 1
+        # 2: a command this machine cannot run, as `daskgpu --help` says.
+        assert main(["worker", "tcp://s:8786"]) == 2
+        # Naming devices does not help without a GPU: refused the same, before any nanny.
+        assert main(["worker", "tcp://s:8786", "--devices", "0,1"]) == 2
     assert captured_specs == []
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1  # one line
-    assert "no GPU to serve" in err and "daskgpu.simulate" in err and "--devices" in err
+    for err in capsys.readouterr().err.splitlines():
+        assert "no CUDA GPU to run workers on (libcuda not found)" in err
+        assert "DASK_DASKGPU__SIMULATE=1" in err
+        assert "--devices" not in err  # following such advice ended in a traceback
 
 
-def test_not_simulated_specs_carry_no_simulate_setting():
+def test_not_simulated_specs_pin_their_gpu_and_turn_simulation_off(monkeypatch):
+    monkeypatch.setattr(backends.GPU, "devices", lambda: Devices(("0", "1", "2", "3")))
     (spec,) = nanny_options("tcp://s:8786", devices=["3"], simulate=False)
-    assert spec["env"] == {"CUDA_VISIBLE_DEVICES": "3"} and "config" not in spec
+    # Off both ways: a scheduler's config must not turn its workers to simulating.
+    assert spec["env"] == {"DASK_DASKGPU__SIMULATE": "False", "CUDA_VISIBLE_DEVICES": "3"}
+    assert spec["config"] == {"daskgpu.simulate": False}
 
 
 # -- the real thing: dask scheduler + daskgpu worker + a client, in separate processes --
@@ -237,6 +242,8 @@ def test_a_nanny_that_gives_up_is_reported_and_the_others_run_on(monkeypatch, ca
     made = []
     monkeypatch.setattr(distributed, "Nanny", lambda **spec: made.append(FakeNanny(**spec))
                         or made[-1])
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setattr(backends.GPU, "devices", lambda: Devices((0, 1)))
     specs = nanny_options("tcp://s:8786", devices=["0", "1"], simulate=False)
 
     async def scenario():

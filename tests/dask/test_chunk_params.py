@@ -27,7 +27,7 @@ from daskgpu._dask.chunk_params import (
 from daskgpu._dask.chunk_task import ChunkLaunch, run_chunk
 from daskgpu._image.array_info import Zeroed
 from daskgpu._image.random_states import host_states
-from daskgpu._runtime import backend as backends
+from daskgpu._runtime import backends
 from daskgpu._runtime.launch import unwrap
 
 

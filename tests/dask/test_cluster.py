@@ -5,20 +5,16 @@ import time
 
 import dask
 import pytest
-from cuda.bindings import driver
 from distributed import Client, Nanny, Worker
 from distributed.security import Security
 
 import daskgpu as dg
-from daskgpu import _config
 from daskgpu._dask import cluster as _cluster
-from daskgpu._dask.cluster import (
-    parse_devices,
-    resolve_devices,
-    visible_devices,
-    worker_specs,
-)
+from daskgpu._dask.cluster import resolve_devices, worker_specs
+from daskgpu._dask.gpu_worker import parse_devices
 from daskgpu._dask.plugin import GPUWorkerPlugin
+from daskgpu._runtime import backends
+from daskgpu._runtime.backends.base import Devices
 
 UUID_A = "GPU-8f1c2d3e-0000-1111-2222-333344445555"
 UUID_B = "GPU-9a7b6c5d-0000-1111-2222-333344445555"
@@ -26,35 +22,6 @@ MIG = "MIG-4b1e0f2a-0000-1111-2222-333344445555"
 
 
 # -- the spec, without starting processes --------------------------------------
-@pytest.mark.parametrize("given,expected", [
-    (0, (0,)),
-    ("0,1", (0, 1)),
-    (" 2 , 3 ,", (2, 3)),
-    ([1, "0"], (1, 0)),
-    ((UUID_A, MIG), (UUID_A, MIG)),
-    (f"{UUID_A},{UUID_B}", (UUID_A, UUID_B)),
-    (range(3), (0, 1, 2)),
-    (None, None),
-])
-def test_parse_devices(given, expected):
-    assert parse_devices(given) == expected
-
-
-@pytest.mark.parametrize("given,match", [
-    ([-1], "not a device"),
-    (["gpu0"], "not a device"),
-    ([True], "not a device"),
-    ([1.5], "not a device"),
-    ("GPU-", "not a device"),
-    ("", "names no device"),
-    ([], "names no device"),
-    ([0, "0"], "twice"),
-])
-def test_parse_devices_rejects(given, match):
-    with pytest.raises(ValueError, match=match):
-        parse_devices(given)
-
-
 def test_one_worker_per_device_with_rotated_visible_devices():
     specs = worker_specs((0, 1, 2), simulate=False, threads_per_worker=2, memory_limit=None)
     assert list(specs) == [0, 1, 2]
@@ -85,7 +52,7 @@ def test_spec_merges_user_options():
         name = "extra"
 
     extra = Extra()
-    specs = worker_specs((0,), simulate=False, resources={"MEM": 4, "GPU": 3},
+    specs = worker_specs((0,), simulate=False, resources={"MEM": 4, "GPU": 1},
                          plugins=[extra], env={"OMP_NUM_THREADS": "1"})
     opts = specs[0]["options"]
     assert opts["resources"] == {"MEM": 4, "GPU": 1}
@@ -128,25 +95,8 @@ def test_env_variable_reaches_dask_config():
     assert dask.config.collect_env({key: value}) == {"daskgpu": {"simulate": True}}
 
 
-def fake_gpus(monkeypatch, count):
-    ok = driver.CUresult.CUDA_SUCCESS
-    monkeypatch.setattr(driver, "cuInit", lambda flags: (ok,))
-    monkeypatch.setattr(driver, "cuDeviceGetCount", lambda: (ok, count))
-
-
-def test_visible_devices_counts_and_follows_cuda_visible_devices(monkeypatch):
-    fake_gpus(monkeypatch, 2)
-    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    assert visible_devices() == ((0, 1), "")
-    # CUDA stops at the first entry it cannot use: the first `count` entries are it.
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", f"{UUID_B},{UUID_A},7")
-    assert visible_devices() == ((UUID_B, UUID_A), "")
-    fake_gpus(monkeypatch, 0)
-    assert visible_devices() == ((), "the CUDA driver reports no device")
-
-
 def test_resolve_devices(monkeypatch):
-    monkeypatch.setattr(_cluster, "visible_devices", lambda: ((3, 5), ""))
+    monkeypatch.setattr(backends.GPU, "devices", lambda: Devices((3, 5)))
     assert resolve_devices() == ((3, 5), False)
     assert resolve_devices([UUID_A]) == ((UUID_A,), False)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5")
@@ -162,7 +112,7 @@ def test_resolve_devices(monkeypatch):
 
 
 def test_resolve_devices_without_gpu(monkeypatch, caplog):
-    monkeypatch.setattr(_cluster, "visible_devices", lambda: ((), "no driver here"))
+    monkeypatch.setattr(backends.GPU, "devices", lambda: Devices((), "no driver here"))
     with caplog.at_level("WARNING", logger="daskgpu"):
         assert resolve_devices() == ((0, 1), True)
         assert resolve_devices([0, 1, 2]) == ((0, 1, 2), True)
@@ -173,17 +123,17 @@ def test_resolve_devices_without_gpu(monkeypatch, caplog):
 
 @pytest.mark.nogpu
 def test_simulate_false_without_gpu_errors_clearly():
-    before = _config.simulating()
-    with pytest.raises(dg.DeviceError, match="found no CUDA GPU.*Install the NVIDIA driver"):
+    before = backends.current().simulated
+    with pytest.raises(dg.DeviceError, match="no CUDA GPU to run workers on.*Install the NVIDIA driver"):
         dg.LocalGPUCluster(simulate=False)
-    assert _config.simulating() == before
+    assert backends.current().simulated == before
 
 
 def test_threads_need_simulation(monkeypatch):
-    monkeypatch.setattr(_cluster, "visible_devices", lambda: ((0, 1), ""))
+    monkeypatch.setattr(backends.GPU, "devices", lambda: Devices((0, 1)))
     with pytest.raises(ValueError, match="cannot pin them to different GPUs"):
         dg.LocalGPUCluster(processes=False)
-    assert _config.simulating() is False
+    assert backends.current().simulated is False
 
 
 # -- a simulated cluster of two worker processes ---------------------------------
@@ -203,7 +153,7 @@ def test_simulated_cluster_starts(cluster, client):
     assert cluster.devices == (0, 1)
     assert cluster.simulated is True
     assert len(client.scheduler_info()["workers"]) == 2
-    assert _config.simulating() is True  # in this process too
+    assert backends.current().simulated is True  # in this process too
 
 
 def test_each_worker_offers_one_gpu(client):
@@ -249,10 +199,10 @@ def test_scale_is_bounded_by_devices(cluster, client):
 def test_config_restored_after_close():
     with dask.config.set({"daskgpu.simulate": False}):
         with dg.LocalGPUCluster(simulate=True, processes=False, dashboard_address=":0") as c:
-            assert c.simulated and _config.simulating() is True
+            assert c.simulated and backends.current().simulated is True
         # The module's simulated cluster is still open: simulation stays on for it
         # (tests/dask/test_cluster_simulate.py checks the setting coming back).
-        assert _config.simulating() is True
+        assert backends.current().simulated is True
 
 
 def test_each_nanny_gets_its_own_clusters_simulate_setting():
@@ -284,7 +234,7 @@ def test_security_true_makes_temporary_credentials(monkeypatch):
 # -- real GPUs ---------------------------------------------------------------------
 @pytest.mark.gpu
 def test_real_cluster_pins_one_worker_per_gpu():
-    devices, _ = visible_devices()
+    devices = parse_devices(backends.GPU.devices().names)
     # simulate=False: the module's simulated cluster has daskgpu.simulate on here.
     with dg.LocalGPUCluster(simulate=False, dashboard_address=":0") as cluster, \
             Client(cluster) as client:

@@ -10,6 +10,7 @@ from numba import cuda
 
 import daskgpu as dg
 from daskgpu import _config
+from daskgpu._runtime import backends
 
 _config.register()  # before dask.config.set, so the defaults outlive its blocks
 
@@ -37,22 +38,22 @@ def test_two_simulated_clusters_each_keep_working_when_the_other_closes():
         with _simulated() as second:
             assert _works(first) and _works(second)
             first.close()
-            assert _config.simulating() is True  # the second is still open
+            assert backends.current().simulated is True  # the second is still open
             assert _works(second)
-        assert _config.simulating() is False
+        assert backends.current().simulated is False
         with _simulated() as third:
             fourth = _simulated()
             third.close()  # closed before the one opened after it
             assert _works(fourth)
             fourth.close()
-        assert _config.simulating() is False
+        assert backends.current().simulated is False
 
 
 def test_the_setting_comes_back_when_the_last_simulated_cluster_closes():
     with dask.config.set({"daskgpu.simulate": False}):
         with _simulated() as c:
-            assert c.simulated and _config.simulating() is True
-        assert _config.simulating() is False
+            assert c.simulated and backends.current().simulated is True
+        assert backends.current().simulated is False
 
 
 def test_a_bad_setting_stops_the_cluster_at_start_naming_it():

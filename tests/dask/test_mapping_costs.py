@@ -12,7 +12,7 @@ from numba import cuda
 
 import daskgpu as dg
 from daskgpu._bounded import BoundedCache
-from daskgpu._dask import chunk_task, mapping
+from daskgpu._dask import chunk_task, cluster_facts, mapping
 from daskgpu._dask.placement import LAUNCH_SHARE
 
 
@@ -38,7 +38,7 @@ def test_the_launch_cache_is_bounded():
 
 
 def test_gpu_clusters_remember_only_a_bounded_few():
-    assert isinstance(mapping.gpu_clusters, BoundedCache)
+    assert isinstance(cluster_facts.gpu_clusters, BoundedCache)
     seen = BoundedCache(2, "scheduler addresses with GPU workers")
     for address in ("tcp://a:1", "tcp://b:1"):
         seen.put(address, True)
@@ -55,9 +55,9 @@ def test_a_gpu_cluster_is_asked_for_its_workers_once():
             n_workers=1, threads_per_worker=1, processes=False, dashboard_address=None,
             resources={"GPU": 1}) as cluster, Client(cluster) as client:
         x = da.arange(8, chunks=4, dtype=np.float32)
-        mapping.gpu_clusters.clear()
+        cluster_facts.gpu_clusters.clear()
         z = dg.map_kernel(saxpy, dg.Out(np.float32, like=x), np.float32(2), x, x)
-        assert client.scheduler.address in mapping.gpu_clusters
+        assert client.scheduler.address in cluster_facts.gpu_clusters
         asked = []
         client.scheduler_info = lambda *a, **k: asked.append(1)  # must not be needed now
         w = dg.map_kernel(saxpy, dg.Out(np.float32, like=x), np.float32(3), x, x)
@@ -66,7 +66,7 @@ def test_a_gpu_cluster_is_asked_for_its_workers_once():
             assert r.__dask_graph__().layers[r.name].annotations == {
                 "resources": {"GPU": LAUNCH_SHARE}}
         np.testing.assert_array_equal(w.compute(), 4 * np.arange(8, dtype=np.float32))
-    mapping.gpu_clusters.clear()
+    cluster_facts.gpu_clusters.clear()
 
 
 def test_the_out_placeholder_has_the_chunks_and_no_tasks():

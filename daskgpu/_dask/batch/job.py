@@ -41,7 +41,7 @@ from daskgpu._dask.batch.plan import PlannedJob, argument_order, misfit_error, p
 from daskgpu._dask.batch.report import BatchReport, describe_failure, progress_bar
 from daskgpu._dask.batch.store import ChunkCheck, ChunkWriter, check_no_overlap, output_paths
 from daskgpu._errors import BatchError, CompileError
-from daskgpu._runtime import backend as backends
+from daskgpu._runtime import backends
 
 __all__ = ["BatchReport", "local_client", "run_batch"]
 
@@ -208,9 +208,7 @@ def _simulated(client, simulate) -> bool:
     """Whether the chunks will run in the simulator: on ``client``, or on a local cluster."""
     if client is not None or simulate is not None:
         return bool(simulate) if simulate is not None else backends.current().simulated
-    from daskgpu._dask.cluster import visible_devices
-
-    return backends.current().simulated or not visible_devices()[0]
+    return backends.current().simulated or not backends.GPU.devices().names
 
 
 def _verified(job, client) -> PlannedJob:
@@ -306,7 +304,7 @@ def _execute(job, client, retries, progress, max_chunks) -> BatchReport:
 
 def _headline(job, client, skipped, now, later) -> str:
     """The first line a run prints: the job, where it runs, and what is left."""
-    from daskgpu._dask.mapping import workers_info
+    from daskgpu._dask.cluster_facts import workers_info
 
     chunk = "x".join(str(c[0]) for c in job.first.chunks)
     what = (f"batch {job.kernel.__name__}: {len(job.grid)} chunks of {chunk} over "

@@ -3,7 +3,7 @@
 Everything under this package talks to the CUDA driver through
 ``cuda.bindings`` (and links through cuda.core's ``Linker`` only where
 nvJitLink is not installed); the simulator backend and the plain-data half of
-the runtime never import it. :mod:`daskgpu._runtime.backend` is the one door in.
+the runtime never import it. :mod:`daskgpu._runtime.backends` is the one door in.
 
 =======================  ==========================================================
 module                   what it holds
