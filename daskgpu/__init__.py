@@ -16,6 +16,9 @@ from daskgpu import _config
 from daskgpu._errors import (
     BundleError,
     CompileError,
+    ConfigError,
+    ContextLostError,
+    CUDAError,
     DaskGPUError,
     DeviceError,
     LaunchConfigError,
@@ -27,8 +30,7 @@ from daskgpu._image.image import KernelImage
 from daskgpu._image.launch_config import LaunchConfig
 from daskgpu._runtime.launch import Launch
 from daskgpu._runtime.ptx_kernel import PTXKernel
-
-__version__ = "0.1.0"
+from daskgpu._version import __version__
 
 if "dask" in _sys.modules:  # else registered on first use, keeping bare workers light
     _config.register()
@@ -73,7 +75,10 @@ __all__ = [
     "BatchError",
     "BatchReport",
     "BundleError",
+    "CUDAError",
     "CompileError",
+    "ConfigError",
+    "ContextLostError",
     "DaskGPUError",
     "DeviceError",
     "GPUWorkerPlugin",

@@ -6,9 +6,10 @@ function to a kernel bundle), ``daskgpu inspect`` (what a bundle holds),
 ``daskgpu bench`` and ``daskgpu batch``. ``info``, ``worker`` and ``inspect``
 never import numba, so they run on worker machines that only have the runtime.
 
-This module holds the parser, ``compile`` and ``inspect``, and the dispatch to
-the other commands, which live in :mod:`daskgpu._cli.info`, :mod:`daskgpu._cli.workers`,
-:mod:`daskgpu._cli.demo`, :mod:`daskgpu._cli.bench` and :mod:`daskgpu._cli.batch`.
+This module holds the parser and the dispatch to the commands, which live in
+:mod:`daskgpu._cli.info`, :mod:`daskgpu._cli.workers`, :mod:`daskgpu._cli.demo`,
+:mod:`daskgpu._cli.bundle_commands` (``compile`` and ``inspect``),
+:mod:`daskgpu._cli.bench` and :mod:`daskgpu._cli.batch`.
 """
 
 from __future__ import annotations

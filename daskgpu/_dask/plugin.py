@@ -24,8 +24,7 @@ from distributed.protocol import pickle
 
 from daskgpu import _config
 from daskgpu._errors import ContextLostError
-from daskgpu._runtime import backends
-from daskgpu._runtime import metrics
+from daskgpu._runtime import backends, metrics
 from daskgpu._runtime.metrics import ACTIVITIES
 
 logger = logging.getLogger("daskgpu")

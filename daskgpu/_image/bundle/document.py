@@ -93,7 +93,7 @@ def bundle_bytes(content: dict, secret=None) -> tuple:
 
 def daskgpu_version() -> str:
     """The version of daskgpu, as a bundle records its producer."""
-    from daskgpu import __version__
+    from daskgpu._version import __version__
 
     return __version__
 
