@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import importlib
 import importlib.util
 import os
@@ -25,7 +26,7 @@ from daskgpu._cli import bundle_commands
 from daskgpu._cli.common import USAGE_ERRORS, Parser, device_list, positive_int, resources
 from daskgpu._cli.info import print_info
 from daskgpu._cli.workers import nanny_options, run_workers, worker_security
-from daskgpu._errors import DaskGPUError, DeviceError, UsageError
+from daskgpu._errors import CUDAError, DaskGPUError, DeviceError, UsageError
 from daskgpu._runtime import backends
 
 # Subcommands whose arguments belong to another module's own parser.
@@ -178,8 +179,13 @@ def main(argv=None) -> int:
     except SystemExit as exc:  # --help, --version
         return exc.code if isinstance(exc.code, int) else 0
     try:
-        return ns._run(ns) or 0
-    except (*USAGE_ERRORS, DeviceError) as exc:  # DeviceError: this machine cannot run it
+        with _numba_simulator_switch(ns.command):
+            return ns._run(ns) or 0
+    except (*USAGE_ERRORS, DeviceError) as exc:
+        if isinstance(exc, CUDAError):  # the work failed on a GPU this machine has
+            print(f"daskgpu {ns.command}: error: {exc}", file=sys.stderr)
+            return 1
+        # Else a usage error, or a command this machine cannot run (no GPU).
         if getattr(exc, "parser", None) is not None:
             exc.parser.print_usage(sys.stderr)
         print(f"daskgpu {ns.command}: error: {exc}", file=sys.stderr)
@@ -197,6 +203,31 @@ def main(argv=None) -> int:
         return 1
     except KeyboardInterrupt:
         return 130
+
+
+@contextlib.contextmanager
+def _numba_simulator_switch(command):
+    """Read Numba's ``NUMBA_ENABLE_CUDASIM=1`` as what a Numba user means by it: simulate.
+
+    The switch turns ``numba.cuda`` into a simulator that cannot compile PTX, so for
+    this command it is taken out of the environment (before numba.cuda loads) and
+    ``daskgpu.simulate`` is on instead, with one notice line; both come back after.
+    """
+    value = os.environ.get("NUMBA_ENABLE_CUDASIM", "")
+    if value.strip() in ("", "0") or "numba.cuda" in sys.modules:
+        yield  # off, or too late to change: compiling will say what to do
+        return
+    import dask.config
+
+    print(f"daskgpu {command}: NUMBA_ENABLE_CUDASIM={value} is Numba's switch to its CUDA "
+          "simulator; daskgpu simulates through daskgpu.simulate, which is on for this "
+          "command", file=sys.stderr)
+    del os.environ["NUMBA_ENABLE_CUDASIM"]
+    try:
+        with dask.config.set({"daskgpu.simulate": True}):
+            yield
+    finally:
+        os.environ["NUMBA_ENABLE_CUDASIM"] = value
 
 
 # -- info and worker -------------------------------------------------------------

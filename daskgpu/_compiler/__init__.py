@@ -1,4 +1,21 @@
 """The client half: compile Python functions to :class:`KernelImage` with numba-cuda.
 
 Only this package (and the simulator) import numba.
+
+Numba's own switch to its simulator, ``NUMBA_ENABLE_CUDASIM=1``, replaces
+``numba.cuda`` in the whole process with a module that cannot compile PTX,
+which is what daskgpu ships; daskgpu simulates through its own setting
+instead, so a process with that switch on is stopped here, in one line that
+names the setting.
 """
+
+from numba.core import config as _numba_config
+
+from daskgpu._errors import ConfigError
+
+if _numba_config.ENABLE_CUDASIM:
+    raise ConfigError(
+        "NUMBA_ENABLE_CUDASIM=1 is set, so numba.cuda is Numba's CUDA simulator in this "
+        "process, which cannot compile the PTX daskgpu ships. daskgpu simulates through its "
+        "own setting: unset NUMBA_ENABLE_CUDASIM and set DASK_DASKGPU__SIMULATE=1 (or "
+        "dask.config.set({'daskgpu.simulate': True}), LocalGPUCluster(simulate=True))")

@@ -474,3 +474,12 @@ def test_worker_on_a_real_gpu_runs_a_loaded_bundle(tmp_path):
     assert sorted(i["cuda_visible_devices"] for i in info.values()) == \
         sorted(s["env"]["CUDA_VISIBLE_DEVICES"] for s in specs)
     assert np.array_equal(out, np.full(1000, 3, np.float32))
+
+
+@pytest.mark.nogpu
+def test_demo_on_a_gpu_without_one_exits_2_in_one_line(capsys):
+    # 2: "a command this machine cannot run", as `daskgpu --help` says (it was 1).
+    assert main(["demo", "--no-simulate"]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith("daskgpu demo: error: no CUDA GPU to run workers on")
+    assert "simulate=True" in line

@@ -1,0 +1,45 @@
+"""``NUMBA_ENABLE_CUDASIM=1``, Numba's switch to its simulator, set by a Numba user.
+
+Library code gets one line naming daskgpu's own setting; the command line
+reads the switch as "simulate" and runs.
+"""
+
+import os
+import pathlib
+import subprocess
+import sys
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+
+
+def _run(args, **kw):
+    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1")
+    env.pop("DASK_DASKGPU__SIMULATE", None)
+    return subprocess.run(args, capture_output=True, text=True, env=env, cwd=REPO,
+                          timeout=300, **kw)
+
+
+def test_compiling_under_numbas_switch_names_daskgpus_setting():
+    code = ("import daskgpu as dg\n"
+            "from numba import cuda\n"
+            "try:\n"
+            "    @dg.jit\n"
+            "    def f(x):\n"
+            "        x[cuda.grid(1)] = 1\n"
+            "except dg.ConfigError as e:\n"
+            "    print(str(e))\n")
+    proc = _run([sys.executable, "-c", code])
+    assert proc.returncode == 0, proc.stderr
+    (line,) = proc.stdout.splitlines()
+    assert line.startswith("NUMBA_ENABLE_CUDASIM=1 is set")
+    assert "unset NUMBA_ENABLE_CUDASIM and set DASK_DASKGPU__SIMULATE=1" in line
+
+
+def test_the_demo_under_numbas_switch_runs_simulated():
+    proc = _run([sys.executable, "-m", "daskgpu", "demo", "--size", "1000"])
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.splitlines()[0] == (
+        "daskgpu demo: NUMBA_ENABLE_CUDASIM=1 is Numba's switch to its CUDA simulator; "
+        "daskgpu simulates through daskgpu.simulate, which is on for this command")
+    assert "(simulated)" in proc.stdout and "OK" in proc.stdout
+    assert "Traceback" not in proc.stderr
