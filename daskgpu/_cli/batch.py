@@ -4,7 +4,10 @@
 arguments here, loads the kernel (a ``.dgk`` bundle or MODULE:FUNCTION),
 connects to a scheduler or starts a local GPU cluster, and hands the job to
 :func:`daskgpu._dask.batch.run_batch`; the report's summary goes to stdout.
-A local cluster starts only when a chunk is left to compute.
+A local cluster starts only when a chunk is left to compute; it admits only
+this run (temporary TLS credentials). Progress goes to stderr: a bar on a
+terminal, plain lines in a log. SIGTERM (SLURM's time limit) stops a run as
+Ctrl-C does: the chunks written are kept, and one line says how to resume.
 """
 
 from __future__ import annotations
@@ -12,11 +15,14 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import warnings
 
 import numpy as np
 
 from daskgpu._cli.common import Parser, as_kernel, import_module, resolve
 from daskgpu._dask.batch import run_batch
+from daskgpu._dask.batch.progress import MODES
+from daskgpu._dask.batch.stopping import Terminated, terminate_as_interrupt
 from daskgpu._errors import (
     BatchError,
     BundleError,
@@ -28,8 +34,13 @@ from daskgpu._errors import (
 
 __all__ = ["build_parser", "load_kernel", "main"]
 
-# Exit statuses of ``daskgpu batch``, besides 0 (complete) and 2 (usage).
-FAILED, INCOMPLETE, INTERRUPTED = 1, 3, 130
+# Exit statuses of ``daskgpu batch``, besides 0 (complete) and 2 (usage): those of a
+# shell for SIGINT and SIGTERM when stopped by one.
+FAILED, INCOMPLETE, INTERRUPTED, TERMINATED = 1, 3, 130, 143
+
+#: Where ``--tls-*`` would be set in Dask's configuration instead.
+_TLS_CONFIG = ("distributed.comm.tls.ca-file, distributed.comm.tls.client.cert and "
+               "distributed.comm.tls.client.key")
 
 
 def _output(text):
@@ -64,7 +75,7 @@ def _output(text):
 
 def _devices(text):
     """``--devices``: GPU ordinals or UUIDs, checked as LocalGPUCluster checks them."""
-    from daskgpu._dask.gpu_worker import parse_devices
+    from daskgpu._dask.workers.gpu_worker import parse_devices
 
     try:
         return list(parse_devices(text))
@@ -190,7 +201,8 @@ def build_parser() -> argparse.ArgumentParser:
                "(bad arguments, an input that cannot be read, an output that overlaps an "
                "input or holds another job, a kernel that does not take the arguments in "
                "the order given), 3 when chunks are left "
-               "(--max-chunks), 130 when interrupted. "
+               "(--max-chunks), 130 when interrupted (SIGINT), 143 when terminated "
+               "(SIGTERM, e.g. SLURM's time limit). "
                "Rerun the same command to compute only the chunks not yet written.")
     parser.add_argument("kernel", metavar="KERNEL",
                         help="a kernel bundle (.dgk), or MODULE:FUNCTION (a dotted module "
@@ -229,8 +241,18 @@ def build_parser() -> argparse.ArgumentParser:
                         help="overwrite the outputs and compute every chunk")
     parser.add_argument("--simulate", action=argparse.BooleanOptionalAction, default=None,
                         help="run in Numba's CUDA simulator (default: only without a GPU)")
-    parser.add_argument("--no-progress", dest="progress", action="store_false",
-                        help="no progress bar")
+    parser.add_argument("--progress", choices=MODES, default="auto",
+                        help="how to show progress on stderr: a bar, plain lines (for a log "
+                             "file) or none; auto: a bar on a terminal, else lines (default)")
+    parser.add_argument("--no-progress", dest="progress", action="store_const",
+                        const="none", help="the same as --progress none")
+    tls = parser.add_argument_group(
+        "TLS", "for a scheduler that speaks tls://, as dask worker takes them (default: "
+               f"Dask's {_TLS_CONFIG} settings)")
+    tls.add_argument("--tls-ca-file", metavar="PATH", help="the CA certificate(s), PEM")
+    tls.add_argument("--tls-cert", metavar="PATH",
+                     help="this client's certificate, PEM (may hold the key too)")
+    tls.add_argument("--tls-key", metavar="PATH", help="this client's private key, PEM")
     return parser
 
 
@@ -284,7 +306,8 @@ def main(argv=None) -> int:
     except SystemExit as exc:  # --help
         return exc.code if isinstance(exc.code, int) else 0
     try:
-        return _main(ns)
+        with terminate_as_interrupt():
+            return _main(ns)
     except BatchError as exc:
         # Caused by an OSError (a busy output, a lost scheduler): the run failed;
         # else the job cannot run as given: a usage error.
@@ -296,31 +319,82 @@ def main(argv=None) -> int:
     except (DaskGPUError, OSError) as exc:
         print(f"daskgpu batch: error: {exc}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt as exc:
+    except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM as Terminated
         for note in getattr(exc, "__notes__", ()):
             print(note, file=sys.stderr)
-        return INTERRUPTED
+        return TERMINATED if isinstance(exc, Terminated) else INTERRUPTED
 
 
 def _main(ns) -> int:
     from contextlib import ExitStack
 
+    security = _security(ns)
     kernel = load_kernel(ns.kernel, ns.sig)
-    with ExitStack() as stack:
+    # Warnings (a lock file left behind) as one line each, after what they concern.
+    with warnings.catch_warnings(record=True) as caught, ExitStack() as stack:
+        stack.callback(_print_warnings, caught)
         client = None
         if ns.scheduler or ns.scheduler_file:
             from distributed import Client
 
-            client = stack.enter_context(Client(ns.scheduler, scheduler_file=ns.scheduler_file))
+            client = stack.enter_context(Client(ns.scheduler, scheduler_file=ns.scheduler_file,
+                                                security=security))
             stack.callback(_quiet_if_lost, client)  # runs before the client closes
         report = run_batch(kernel, ns.input, ns.output, scalars=ns.scalar, order=ns.order,
                            chunks=ns.chunks, client=client, devices=ns.devices,
                            simulate=ns.simulate, retries=ns.retries, progress=ns.progress,
                            resume=ns.resume, max_chunks=ns.max_chunks)
-    print(report.summary())
+        print(report.summary())
     if report.failed:
         return FAILED
     return 0 if report.complete else INCOMPLETE
+
+
+def _print_warnings(caught) -> None:
+    for w in caught:
+        print(f"daskgpu batch: warning: {w.message}", file=sys.stderr)
+
+
+def _security(ns):
+    """The ``Security`` for ``--scheduler``: ``--tls-*`` over Dask's settings.
+
+    A ``tls://`` scheduler without a CA and a client certificate is refused
+    here, in one line naming what to set, rather than deep in the connection.
+    """
+    from distributed.security import Security
+
+    given = {"tls_ca_file": ns.tls_ca_file, "tls_client_cert": ns.tls_cert,
+             "tls_client_key": ns.tls_key}
+    if not (ns.scheduler or ns.scheduler_file):
+        if any(given.values()):
+            raise UsageError("--tls-ca-file, --tls-cert and --tls-key are for --scheduler or "
+                             "--scheduler-file; the local cluster makes its own credentials")
+        return None
+    security = Security(**{k: v for k, v in given.items() if v})
+    address = ns.scheduler or _file_address(ns.scheduler_file)
+    if address.startswith("tls://") and not (security.tls_ca_file
+                                              and security.tls_client_cert):
+        missing = [option for option, value in (("--tls-ca-file", security.tls_ca_file),
+                                                ("--tls-cert", security.tls_client_cert))
+                   if not value]
+        raise UsageError(
+            f"the scheduler {address} speaks TLS, and {' and '.join(missing)} "
+            f"{'is' if len(missing) == 1 else 'are'} not set: give --tls-ca-file, --tls-cert "
+            f"and --tls-key (the CA, this client's certificate and its key), or set "
+            f"{_TLS_CONFIG} in Dask's configuration")
+    return security
+
+
+def _file_address(path) -> str:
+    """The scheduler's address in a scheduler file; "" when it names none."""
+    import json
+
+    try:
+        with open(path) as f:
+            address = json.load(f).get("address", "")
+    except (OSError, ValueError, AttributeError):
+        return ""  # Dask's own error will name the problem
+    return address if isinstance(address, str) else ""
 
 
 def _quiet_if_lost(client) -> None:

@@ -29,7 +29,6 @@ import dataclasses
 import logging
 import numbers
 import secrets
-import sys
 import time
 from contextlib import ExitStack
 
@@ -38,7 +37,9 @@ import numpy as np
 from daskgpu._dask.batch import ledger as _ledger
 from daskgpu._dask.batch.inputs import resolve_inputs
 from daskgpu._dask.batch.plan import PlannedJob, argument_order, misfit_error, plan_job
-from daskgpu._dask.batch.report import BatchReport, describe_failure, progress_bar
+from daskgpu._dask.batch.progress import BatchStart, as_progress
+from daskgpu._dask.batch.report import BatchReport, describe_failure
+from daskgpu._dask.batch.stopping import held_signals
 from daskgpu._dask.batch.store import ChunkCheck, ChunkWriter, check_no_overlap, output_paths
 from daskgpu._errors import BatchError, CompileError
 from daskgpu._runtime import backends
@@ -94,8 +95,12 @@ def run_batch(kernel, inputs, outputs, *, scalars=(), order=None, chunks=None, c
         :class:`~daskgpu.LocalGPUCluster`). Default: only without a GPU.
     retries : int
         Attempts to make again for each failing chunk.
-    progress : bool
-        Show a progress bar on stderr.
+    progress : bool, str or BatchProgress
+        How to show progress on stderr: True (a bar on a terminal, else lines
+        every 10% or 30 s), ``"bar"``, ``"lines"``, False (nothing), or a
+        :class:`~daskgpu._dask.batch.progress.BatchProgress` that receives the
+        run's events (its start, each chunk done or failed, its end): subclass
+        it for a callback. This function itself writes nothing.
     resume : bool
         Keep the chunks that earlier runs of the same job finished. False
         overwrites the outputs and computes everything.
@@ -133,6 +138,7 @@ def run_batch(kernel, inputs, outputs, *, scalars=(), order=None, chunks=None, c
 
     from daskgpu import _config
 
+    progress = as_progress(progress)
     for name, value, low in (("retries", retries, 0), ("max_chunks", max_chunks, 0)):
         if value is not None and (isinstance(value, bool)
                                   or not isinstance(value, numbers.Integral) or value < low):
@@ -173,25 +179,25 @@ def run_batch(kernel, inputs, outputs, *, scalars=(), order=None, chunks=None, c
 
 
 def local_client(stack, devices=None, simulate=None):
-    """A client of a new :class:`~daskgpu.LocalGPUCluster`, closed with ``stack``."""
-    import signal
-    import threading
+    """A client of a new :class:`~daskgpu.LocalGPUCluster`, closed with ``stack``.
 
+    The cluster is this run's alone: it admits only clients holding its
+    temporary TLS credentials, and serves HTTP on the loopback address only,
+    so that no other user of the machine can run code on its workers or read
+    its pages.
+    """
     from distributed import Client
 
     from daskgpu._dask.cluster import LocalGPUCluster
 
-    # Ctrl-C reaches the whole process group; the workers started now ignore it
-    # (they inherit the setting) and are closed by this process, which reports.
-    main = threading.current_thread() is threading.main_thread()
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if main else None
-    try:
+    # Ctrl-C reaches the whole process group: the workers never see it, and
+    # are closed by this process, which reports. One that comes while they
+    # start is acted on once the cluster is up, so that it closes properly.
+    with held_signals():
         cluster = stack.enter_context(LocalGPUCluster(
-            devices=devices, simulate=simulate, dashboard_address=":0",
+            devices=devices, simulate=simulate, security=True,
+            dashboard_address="127.0.0.1:0",
             silence_logs=logging.CRITICAL))  # the report names failed chunks
-    finally:
-        if main:
-            signal.signal(signal.SIGINT, previous)
     return stack.enter_context(Client(cluster))
 
 
@@ -263,6 +269,7 @@ def _write_tasks(job):
 
 # -- executing ------------------------------------------------------------------
 def _execute(job, client, retries, progress, max_chunks) -> BatchReport:
+    """Compute the chunks left, telling ``progress`` of each; the report."""
     from distributed import as_completed
 
     start = time.perf_counter()
@@ -270,54 +277,49 @@ def _execute(job, client, retries, progress, max_chunks) -> BatchReport:
     skipped = tuple(c for c in grid if c in job.done)
     todo = job.todo
     now, later = (todo, []) if max_chunks is None else (todo[:max_chunks], todo[max_chunks:])
-    if progress:
-        sys.stderr.write(_headline(job, client, len(skipped), len(now), len(later)) + "\n")
-    bar = progress_bar(len(grid), len(skipped), progress)
+    progress.start(_plan(job, client, len(skipped), len(now), len(later)))
     computed, failed = [], {}
     futures = []
-    if now:
-        status = _write_tasks(job)
-        # Dask retries a failing task (the read, the launch or the write) itself.
-        futures = client.get(status.__dask_graph__(), [(status.name, *c) for c in now],
-                             sync=False, retries=retries)
+    report = None
     try:
+        if now:
+            status = _write_tasks(job)
+            # Dask retries a failing task (the read, the launch or the write) itself.
+            futures = client.get(status.__dask_graph__(), [(status.name, *c) for c in now],
+                                 sync=False, retries=retries)
         for fut in as_completed(futures) if futures else ():
+            chunk = fut.key[1:]
             if fut.status == "finished":
-                computed.append(fut.key[1:])
+                computed.append(chunk)
+                progress.chunk_done(chunk)
             else:
                 _check_connected(client)
-                failed[fut.key[1:]] = describe_failure(fut)
-                bar.set_postfix_str(f"{len(failed)} failed", refresh=False)
-            bar.update(1)
+                failed[chunk] = describe_failure(fut)
+                progress.chunk_failed(chunk, failed[chunk])
+        order = {c: i for i, c in enumerate(grid)}
+        report = BatchReport(
+            outputs=job.outputs, chunks=len(grid), skipped=skipped,
+            computed=tuple(sorted(computed, key=order.get)), failed=failed,
+            remaining=tuple(later), retries=int(retries),
+            seconds=time.perf_counter() - start, stale=job.stale,
+        )
     finally:
         if futures and client.status == "running":
             client.cancel(futures)  # releases results and errors on the cluster
-        bar.close()
-    order = {c: i for i, c in enumerate(grid)}
-    return BatchReport(
-        outputs=job.outputs, chunks=len(grid), skipped=skipped,
-        computed=tuple(sorted(computed, key=order.get)), failed=failed,
-        remaining=tuple(later), retries=int(retries),
-        seconds=time.perf_counter() - start, stale=job.stale,
-    )
+        progress.end(report)
+    return report
 
 
-def _headline(job, client, skipped, now, later) -> str:
-    """The first line a run prints: the job, where it runs, and what is left."""
+def _plan(job, client, skipped, now, later) -> BatchStart:
+    """The start event: the job, where it runs, and what is left."""
     from daskgpu._dask.cluster_facts import workers_info
 
-    chunk = "x".join(str(c[0]) for c in job.first.chunks)
-    what = (f"batch {job.kernel.__name__}: {len(job.grid)} chunks of {chunk} over "
-            f"{'x'.join(map(str, job.first.shape))}")
-    if client is None:  # no cluster was needed
-        return (f"{what}: {skipped} written before and checked; nothing to compute now"
-                + (f", {later} left for later runs" if later else ""))
-    workers = len(workers_info(client))
-    where = f"{workers} worker{'s' * (workers != 1)}" + (
-        " (simulated)" if backends.current().simulated else "")
-    return (f"{what} on {where}; {skipped} already written, {now} to compute"
-            + (f" ({len(job.stale)} stale)" if job.stale else "")
-            + (f", {later} left for later runs" if later else ""))
+    return BatchStart(
+        kernel=job.kernel.__name__, chunks=len(job.grid),
+        chunk_shape=tuple(c[0] for c in job.first.chunks), shape=tuple(job.first.shape),
+        skipped=skipped, now=now, later=later, stale=len(job.stale),
+        workers=None if client is None else len(workers_info(client)),  # None: not needed
+        simulated=backends.current().simulated)
 
 
 def _check_connected(client) -> None:

@@ -5,7 +5,9 @@ file inside it, so that it survives ``--no-resume`` replacing the output
 directory. It is taken with ``flock``, which the kernel releases when the
 holding process dies: a crashed or killed run never blocks the next one. The
 file names the holder (host, pid, job nonce) for the refusal message and is
-removed when the run ends.
+removed when the run ends. A lock file that cannot be removed then (its folder
+turned read-only) is a warning, not a failure: the run's chunks are written,
+and a left-over ``flock`` file blocks no later run.
 
 A second lock, :func:`writers`, orders the chunk tasks' writes against a run
 that replaces the output: tasks of a run whose client died can outlive it on
@@ -25,6 +27,7 @@ import errno
 import json
 import os
 import socket
+import warnings
 
 from daskgpu._dask.batch.ledger import LEDGER
 from daskgpu._errors import BatchError
@@ -106,16 +109,33 @@ class OutputLock:
         self._fd = fd
 
     def release(self) -> None:
-        """Give the lock back and remove its file; a no-op when not held."""
+        """Give the lock back and remove its file; a no-op when not held.
+
+        A file that cannot be removed is left, with a :class:`RuntimeWarning`
+        that says whether it blocks a later run; the lock is released anyway.
+        """
         if self._fd is None and not self._exclusive:
             return
         try:  # removed while still held, so no one locks a file on its way out
             os.unlink(self.path)
         except FileNotFoundError:
             pass
-        if self._fd is not None:
-            os.close(self._fd)
-        self._fd, self._exclusive = None, False
+        except OSError as exc:
+            warnings.warn(self._left_behind(exc), RuntimeWarning, stacklevel=2)
+        finally:
+            if self._fd is not None:
+                os.close(self._fd)
+            self._fd, self._exclusive = None, False
+
+    def _left_behind(self, exc) -> str:
+        reason = exc.strerror or type(exc).__name__
+        if self._fd is not None:  # flock: the next run locks the file as it is
+            return (f"could not remove the lock file {self.path!r} of {self.output!r} "
+                    f"({reason}); it blocks no later run, remove it when its folder is "
+                    "writable again")
+        return (f"could not remove the lock file {self.path!r} of {self.output!r} "
+                f"({reason}); a later run on this host takes it over, one on another host "
+                "is refused until it is removed by hand")
 
     def _flock(self):
         """The open, locked lock file; None where the filesystem refuses flock."""

@@ -1,12 +1,13 @@
-"""What a ``daskgpu batch`` run reports: :class:`BatchReport`, its progress bar and its
-one-line descriptions of failed chunks."""
+"""What a ``daskgpu batch`` run reports: :class:`BatchReport` and its one-line descriptions
+of failed chunks. How progress is shown while it runs is :mod:`daskgpu._dask.batch.progress`."""
 
 from __future__ import annotations
 
 import dataclasses
-import sys
 
-__all__ = ["BatchReport", "describe_failure", "progress_bar"]
+from daskgpu._dask.batch.progress import plural
+
+__all__ = ["BatchReport", "describe_failure"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,8 +46,10 @@ class BatchReport:
     False
     >>> print(r.summary().replace(" in 0.0 s", ""))
     2/4 chunks written (1 this run, 1 before)
-      chunk (2,) failed after 3 attempt(s): IndexError: index 99 is out of bounds
-    2 chunk(s) to go: run the same job again to compute only those
+      chunk (2,) failed after 3 attempts: IndexError: index 99 is out of bounds
+    2 chunks to go: run the same job again to compute only those
+    >>> print(BatchReport(outputs=("z.zarr",), chunks=1, computed=((0,),)).summary())
+    1/1 chunk written (1 this run, 0 before) in 0.0 s
     """
 
     outputs: tuple
@@ -67,29 +70,20 @@ class BatchReport:
     def summary(self) -> str:
         """A few lines for people: counts, then each failed chunk."""
         done = len(self.skipped) + len(self.computed)
-        lines = [f"{done}/{self.chunks} chunks written ({len(self.computed)} this run, "
-                 f"{len(self.skipped)} before) in {self.seconds:.1f} s"]
+        lines = [f"{done}/{plural(self.chunks, 'chunk')} written ({len(self.computed)} this "
+                 f"run, {len(self.skipped)} before) in {self.seconds:.1f} s"]
         if self.stale:
-            lines.append(f"  {len(self.stale)} chunk(s) written before were stale (an input "
-                         "changed, or the stored chunk was missing or damaged): computed "
-                         "again")
+            were = "was" if len(self.stale) == 1 else "were"
+            lines.append(f"  {plural(len(self.stale), 'chunk')} written before {were} stale "
+                         "(an input changed, or the stored chunk was missing or damaged): "
+                         "computed again")
+        attempts = plural(self.retries + 1, "attempt")
         for chunk, error in sorted(self.failed.items()):
-            lines.append(f"  chunk {chunk} failed after {self.retries + 1} attempt(s): {error}")
+            lines.append(f"  chunk {chunk} failed after {attempts}: {error}")
         if self.failed or self.remaining:
-            lines.append(f"{self.chunks - done} chunk(s) to go: run the same job again to "
-                         "compute only those")
+            lines.append(f"{plural(self.chunks - done, 'chunk')} to go: run the same job "
+                         "again to compute only those")
         return "\n".join(lines)
-
-
-def progress_bar(total, before, enabled):
-    """A tqdm bar on stderr over the job's chunks, starting at those written before."""
-    from tqdm import tqdm
-
-    # Off a terminal, redraw at most every few seconds rather than per chunk.
-    tty = enabled and sys.stderr.isatty()
-    return tqdm(total=total, initial=before, unit="chunk", file=sys.stderr,
-                disable=not enabled, mininterval=0.1 if tty else 5.0, dynamic_ncols=tty,
-                desc="chunks written")
 
 
 def describe_failure(future) -> str:

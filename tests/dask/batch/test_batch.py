@@ -157,7 +157,7 @@ def test_failed_chunk_is_retried_reported_and_recomputed_alone(client, tmp_path)
     assert report.failed[(3,)].startswith("IndexError")
     assert failures == [("permute", 3)] * 2  # the launch of chunk 3, tried twice
     assert len(report.computed) == 7 and not report.complete
-    assert "chunk (3,) failed after 2 attempt(s): IndexError" in report.summary()
+    assert "chunk (3,) failed after 2 attempts: IndexError" in report.summary()
     assert done_chunks(out) == set(report.computed)  # every other chunk is written
     y = zarr.open_array(out, mode="r")[:]
     np.testing.assert_array_equal(np.delete(y, np.s_[90:120]),
@@ -245,7 +245,7 @@ def test_cli_stops_at_max_chunks_then_resumes(client, saxpy_job, tmp_path, capsy
     assert main(_argv(tmp_path, saxpy_job, *address, "--max-chunks", "3")) == 3
     out = capsys.readouterr().out
     assert "3/10 chunks written (3 this run, 0 before)" in out
-    assert "7 chunk(s) to go: run the same job again" in out
+    assert "7 chunks to go: run the same job again" in out
     assert daskgpu_main(["batch", *_argv(tmp_path, saxpy_job, *address)]) == 0
     assert "10/10 chunks written (7 this run, 3 before)" in capsys.readouterr().out
     z = zarr.open_array(saxpy_job["outputs"][0][0], mode="r")

@@ -1,0 +1,125 @@
+"""How a batch run stops: SIGTERM taken as SIGINT is, and both held while a cluster starts.
+
+SLURM ends a job at its time limit with SIGTERM (and SIGKILL after its
+``KillWait``), so SIGTERM is how most cluster batch runs end. Under
+:func:`terminate_as_interrupt` it raises :class:`Terminated`, a
+:class:`KeyboardInterrupt`, in the main thread: the run stops as it does on
+Ctrl-C, its outputs' locks released, its written chunks kept, and one line
+says how to resume.
+
+:func:`held_signals` covers the start of a local cluster. Ctrl-C reaches the
+terminal's whole process group, and worker processes that took it would die
+under their running chunks; so the threads and processes started inside never
+see SIGINT (it is blocked there, as they inherit). This process does not lose
+it either: SIGINT and SIGTERM that come meanwhile are held, and raised again
+once the cluster is up, to whatever handlers were in place before.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import threading
+
+__all__ = ["Terminated", "held_signals", "terminate_as_interrupt"]
+
+#: The signals a run stops on.
+STOPS = (signal.SIGINT, signal.SIGTERM)
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where Ctrl-C raises :class:`KeyboardInterrupt`; exit status 143.
+
+    Examples
+    --------
+    >>> issubclass(Terminated, KeyboardInterrupt)
+    True
+    """
+
+    signum = signal.SIGTERM
+
+
+def _on_main_thread() -> bool:
+    return threading.current_thread() is threading.main_thread()
+
+
+@contextlib.contextmanager
+def terminate_as_interrupt():
+    """While inside, SIGTERM raises :class:`Terminated` in the main thread.
+
+    Only the first SIGTERM raises: another, while the run is stopping, does
+    not cut the clean-up short (SIGKILL still does). Outside the main thread,
+    where Python cannot set handlers, nothing changes.
+
+    Examples
+    --------
+    >>> import signal
+    >>> with terminate_as_interrupt():
+    ...     try:
+    ...         signal.raise_signal(signal.SIGTERM)
+    ...     except Terminated:
+    ...         print("stopping")
+    stopping
+    """
+    if not _on_main_thread():
+        yield
+        return
+    raised = False
+
+    def stop(signum, frame):
+        nonlocal raised
+        if not raised:
+            raised = True
+            raise Terminated(f"received {signal.Signals(signum).name}")
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+@contextlib.contextmanager
+def held_signals():
+    """Hold SIGINT and SIGTERM while inside; raise them again when leaving.
+
+    Threads and processes started inside never see SIGINT: it is blocked in
+    the main thread, and they inherit that. A signal that arrives meanwhile
+    reaches the handler that was in place before only on leaving, so that
+    what is started inside (a local cluster) is complete, and closed
+    properly, when the run stops. Outside the main thread nothing is held.
+
+    Examples
+    --------
+    >>> import signal
+    >>> try:
+    ...     with held_signals():
+    ...         signal.raise_signal(signal.SIGINT)
+    ...         print("started")
+    ... except KeyboardInterrupt:
+    ...     print("then interrupted")
+    started
+    then interrupted
+    """
+    if not _on_main_thread():
+        yield
+        return
+    caught = []
+
+    def hold(signum, frame):
+        caught.append(signum)
+
+    previous = {s: signal.signal(s, hold) for s in STOPS}
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        # A SIGINT that came while no thread could take it is pending: take it here.
+        if hasattr(signal, "sigtimedwait"):
+            while signal.sigtimedwait({signal.SIGINT}, 0) is not None:
+                caught.append(signal.SIGINT)
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        if caught:
+            signal.raise_signal(caught[0])
