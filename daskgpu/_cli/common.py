@@ -65,7 +65,7 @@ def device_list(text) -> list:
     >>> device_list("0, GPU-8f1c")
     [0, 'GPU-8f1c']
     """
-    from daskgpu._dask.gpu_worker import parse_devices
+    from daskgpu._dask.workers.gpu_worker import parse_devices
 
     try:
         return list(parse_devices(str(text)))

@@ -1,7 +1,7 @@
 """``daskgpu worker``: one ``distributed.Nanny`` per local GPU, each pinned to it.
 
 :func:`nanny_options` turns the command line's options into one Nanny spec
-per GPU, each a GPU worker as :mod:`daskgpu._dask.gpu_worker` defines it for
+per GPU, each a GPU worker as :mod:`daskgpu._dask.workers.gpu_worker` defines it for
 :class:`~daskgpu.LocalGPUCluster` too (seeing only its own GPU, host memory
 split between the GPUs), and :func:`run_workers` runs the nannies until they
 finish or SIGINT/SIGTERM. With the dask config ``daskgpu.simulate`` on, the
@@ -15,7 +15,7 @@ import asyncio
 import signal
 import sys
 
-from daskgpu._dask.gpu_worker import (
+from daskgpu._dask.workers.gpu_worker import (
     host_memory,
     local_devices,
     worker_options,
@@ -40,7 +40,7 @@ def nanny_options(scheduler=None, *, scheduler_file=None, devices=None, nthreads
 
     Each worker sees only its GPU (``CUDA_VISIBLE_DEVICES`` pinned), offers the
     resource ``GPU=1`` and runs :class:`~daskgpu.GPUWorkerPlugin`
-    (:func:`~daskgpu._dask.gpu_worker.worker_options`).
+    (:func:`~daskgpu._dask.workers.gpu_worker.worker_options`).
 
     Parameters
     ----------
@@ -64,7 +64,7 @@ def nanny_options(scheduler=None, *, scheduler_file=None, devices=None, nthreads
         each time its nanny starts it: at first, and again after a lost CUDA
         context or ``client.restart()``. Default, as for
         :class:`~daskgpu.LocalGPUCluster`,
-        :data:`~daskgpu._dask.gpu_worker.WORKER_START_TIMEOUT` (120 s).
+        :data:`~daskgpu._dask.workers.gpu_worker.WORKER_START_TIMEOUT` (120 s).
     simulate : bool, optional
         Run kernels in Numba's CUDA simulator (no GPU needed); default the
         backend's answer (the dask config ``daskgpu.simulate``). Simulated

@@ -25,13 +25,13 @@ from distributed.deploy.cluster import Cluster
 from distributed.security import Security
 
 from daskgpu import _config
-from daskgpu._dask.gpu_worker import (
+from daskgpu._dask.placement import GPUPlacement
+from daskgpu._dask.workers.gpu_worker import (
     WORKER_START_TIMEOUT,
     host_memory,
     local_devices,
     worker_options,
 )
-from daskgpu._dask.placement import GPUPlacement
 from daskgpu._runtime import backends
 
 logger = logging.getLogger("daskgpu")
@@ -441,7 +441,7 @@ def worker_specs(devices, *, simulate, threads_per_worker=1, processes=True,
                  **options) -> dict:
     """One ``SpecCluster`` worker spec per device, named 0, 1, ...
 
-    Each is a GPU worker as :func:`~daskgpu._dask.gpu_worker.worker_options`
+    Each is a GPU worker as :func:`~daskgpu._dask.workers.gpu_worker.worker_options`
     defines it, with its peers visible: worker ``i``'s ``CUDA_VISIBLE_DEVICES``
     starts at ``devices[i]`` and continues round the list.
 

@@ -13,7 +13,7 @@ from typing import NamedTuple
 
 from daskgpu._bounded import BoundedCache
 from daskgpu._dask.placement import GPU, ensure_placement
-from daskgpu._dask.plugin import SIMULATED_METRIC
+from daskgpu._dask.workers.plugin import SIMULATED_METRIC
 
 __all__ = ["ClusterFacts", "cluster_facts", "gpu_clusters", "workers_info"]
 
@@ -51,7 +51,7 @@ def cluster_facts() -> ClusterFacts:
     A cluster that offers GPUs also gets :class:`~daskgpu._dask.placement.GPUPlacement`,
     which keeps every launch on a GPU worker whatever the graph's optimization
     drops. Simulated workers say so through the worker metric
-    :data:`~daskgpu._dask.plugin.SIMULATED_METRIC` of their plugin.
+    :data:`~daskgpu._dask.workers.plugin.SIMULATED_METRIC` of their plugin.
 
     Only the absence of a client, or one whose scheduler is gone, gives empty
     facts (a plain graph, as Dask's local schedulers run); anything else,

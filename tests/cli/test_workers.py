@@ -18,7 +18,7 @@ from daskgpu import _config
 from daskgpu._cli import main as cli
 from daskgpu._cli.main import main
 from daskgpu._cli.workers import nanny_options, run_workers
-from daskgpu._dask.gpu_worker import WORKER_START_TIMEOUT
+from daskgpu._dask.workers.gpu_worker import WORKER_START_TIMEOUT
 from daskgpu._runtime import backends
 from daskgpu._runtime.backends.base import Devices
 

@@ -11,8 +11,8 @@ from distributed.security import Security
 import daskgpu as dg
 from daskgpu._dask import cluster as _cluster
 from daskgpu._dask.cluster import resolve_devices, worker_specs
-from daskgpu._dask.gpu_worker import parse_devices
-from daskgpu._dask.plugin import GPUWorkerPlugin
+from daskgpu._dask.workers.gpu_worker import parse_devices
+from daskgpu._dask.workers.plugin import GPUWorkerPlugin
 from daskgpu._runtime import backends
 from daskgpu._runtime.backends.base import Devices
 

@@ -67,7 +67,7 @@ def test_a_bad_setting_stops_the_cluster_at_start_naming_it():
 def test_a_bad_setting_fails_a_worker_plugin_at_setup():
     import pytest
 
-    from daskgpu._dask.plugin import GPUWorkerPlugin
+    from daskgpu._dask.workers.plugin import GPUWorkerPlugin
 
     with dask.config.set({"daskgpu.simulate": True, "daskgpu.pinned-pool-bytes": -5}):
         with pytest.raises(_config.ConfigError, match="'pinned-pool-bytes' is -5"):

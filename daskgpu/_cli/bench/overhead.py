@@ -61,7 +61,7 @@ def bench_launch(n: int = 20000, size: int = 1024) -> list:
 
 def _metered(per_launch, launch) -> float:
     """``per_launch(launch)`` while a worker's recorder (the Dask plugin's) is installed."""
-    from daskgpu._dask.plugin import digest_gpu_time
+    from daskgpu._dask.workers.gpu_time import digest_gpu_time
     from daskgpu._runtime import metrics
 
     metrics.add_recorder(digest_gpu_time)

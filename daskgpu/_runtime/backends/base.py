@@ -82,6 +82,11 @@ class Backend(abc.ABC):
         """
 
     @abc.abstractmethod
+    def memory(self) -> tuple | None:
+        """``(used, total)`` bytes of this process's device, or None where there is none
+        to measure. Makes the device current on the calling thread."""
+
+    @abc.abstractmethod
     def devices(self) -> Devices:
         """The devices this machine offers workers (one worker each); asks the driver
         only, making no context, so it is safe before starting worker processes."""

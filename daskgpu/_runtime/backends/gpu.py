@@ -93,6 +93,18 @@ class GPUBackend(Backend):
             "cuda_visible_devices": visible,
         }
 
+    def memory(self) -> tuple | None:
+        """Device 0's ``(total - free, total)`` bytes, as ``cuMemGetInfo`` gives them: every
+        process's allocations on it, pools' kept memory included."""
+        from cuda.bindings import driver
+
+        from daskgpu._runtime.gpu import device
+        from daskgpu._runtime.gpu.driver import check
+
+        device.current()
+        free, total = check(driver.cuMemGetInfo(), "cuMemGetInfo")
+        return int(total) - int(free), int(total)
+
     def devices(self) -> Devices:
         """The GPUs the driver shows this process: ``CUDA_VISIBLE_DEVICES``' entries,
         else ordinals."""

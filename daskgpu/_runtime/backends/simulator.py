@@ -76,6 +76,9 @@ class SimulatorBackend(Backend):
             "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
         }
 
+    def memory(self) -> tuple | None:
+        return None  # host arrays only: nothing on a device
+
     def devices(self) -> Devices:
         """None: a simulated worker is no device; whoever starts them says how many."""
         return Devices((), "simulated workers have no device")

@@ -13,11 +13,11 @@ import daskgpu as dg
 from daskgpu._cli.main import main
 from daskgpu._cli.workers import nanny_options
 from daskgpu._dask.cluster import worker_specs
-from daskgpu._dask.gpu_worker import local_devices, parse_devices, worker_options
+from daskgpu._dask.workers.gpu_worker import local_devices, parse_devices, worker_options
 from daskgpu._runtime import backends
 from daskgpu._runtime.backends.base import Devices
 
-REPO = pathlib.Path(__file__).resolve().parents[2]
+REPO = pathlib.Path(__file__).resolve().parents[3]
 UUID_A = "GPU-8f1c2d3e-0000-1111-2222-333344445555"
 UUID_B = "GPU-9a7b6c5d-0000-1111-2222-333344445555"
 MIG = "MIG-4b1e0f2a-0000-1111-2222-333344445555"

@@ -8,7 +8,7 @@ import pytest
 from distributed import Client, LocalCluster
 
 import daskgpu as dg
-from daskgpu._dask.plugin import GPUWorkerPlugin
+from daskgpu._dask.workers.plugin import GPUWorkerPlugin
 from daskgpu._errors import ContextLostError
 
 FACTS = {"simulated", "device_id", "name", "cc", "total_memory", "uuid", "pci_bus_id",
@@ -96,7 +96,7 @@ class _PicklableLost(ContextLostError):
 
 @pytest.mark.parametrize("picklable", [True, False], ids=["pickled", "as-text"])
 def test_a_task_failing_with_a_lost_context_closes_the_worker_once(picklable):
-    from daskgpu._dask.plugin import _GRACE, _close
+    from daskgpu._dask.workers.plugin import _GRACE, _close
 
     plugin, worker = _set_up_on({"a": _Task(_lost(picklable)), "b": _Task(_lost(picklable))})
     plugin.transition("a", "executing", "memory")  # not an error: nothing
@@ -109,7 +109,7 @@ def test_a_task_failing_with_a_lost_context_closes_the_worker_once(picklable):
 
 
 def test_a_lost_context_raised_from_counts_and_other_errors_do_not():
-    from daskgpu._dask.plugin import lost_context
+    from daskgpu._dask.workers.plugin import lost_context
 
     try:
         try:
