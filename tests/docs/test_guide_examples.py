@@ -1,0 +1,208 @@
+"""Every example of the user guide runs, page by page, as a reader would run it.
+
+A page's fenced blocks run in the order they appear, in one fresh directory:
+
+- ``python`` blocks run in one namespace per page, as a session pasted into
+  Python (``__name__ == "__main__"``, so guarded script code runs too);
+- a ``python`` block whose first line is ``# file: NAME`` is saved as ``NAME``
+  instead (a module that later blocks and commands import);
+- ``bash`` blocks run line by line as commands; ``pip install`` lines name extras
+  that pyproject.toml defines (CI has run the install), and the address
+  ``tcp://scheduler:8786`` is replaced by a running simulated cluster's;
+- a block or command marked ``needs a GPU`` runs only on a GPU machine (the
+  ``gpu`` test below); without one, such a command must fail in a line or two,
+  without a traceback;
+- ``shell`` blocks are shown, not run: only the deploying page has them, for
+  docker, SLURM and Kubernetes, whose recipes tests/deploy checks.
+
+``dg.LocalGPUCluster`` runs its workers as threads of this process and simulated
+(``processes=False, simulate=True``): the same cluster class and code path, at a
+start cost of milliseconds, so that the whole guide runs in seconds.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import os
+import pathlib
+import re
+import shlex
+import subprocess
+import sys
+import tomllib
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+GUIDE = ROOT / "docs" / "guide"
+NEEDS_GPU = "needs a GPU"
+SCHEDULER = "tcp://scheduler:8786"
+FENCE = re.compile(r"^```(\w+)[^\n]*\n(.*?)^```", re.DOTALL | re.MULTILINE)
+
+
+def blocks(page: pathlib.Path) -> list:
+    """The page's fenced blocks, as ``(language, code)`` in document order."""
+    return FENCE.findall(page.read_text())
+
+
+def pages() -> list:
+    return sorted(p for p in GUIDE.glob("*.md") if any(
+        lang in ("python", "bash") for lang, _ in blocks(p)))
+
+
+def _gpu() -> bool:
+    from daskgpu._runtime.gpu.driver import device_count
+
+    return device_count()[0] > 0
+
+
+def _commands(code: str) -> list:
+    """A bash block's commands, continuations joined, as ``(argv, comment)``."""
+    out = []
+    for line in code.replace("\\\n", " ").splitlines():
+        if line.strip():
+            out.append((shlex.split(line, comments=True), line.partition("  #")[2].strip()))
+    return out
+
+
+def _extras() -> set:
+    return set(tomllib.loads((ROOT / "pyproject.toml").read_text())
+               ["project"]["optional-dependencies"])
+
+
+def _run(argv, cwd, timeout=300):
+    if argv[0] == "daskgpu":
+        argv = [sys.executable, "-m", "daskgpu", *argv[1:]]
+    elif argv[0] == "python":
+        argv = [sys.executable, *argv[1:]]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
+    return subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+class _Scheduler:
+    """A simulated cluster for the commands that join one, started on first use."""
+
+    def __init__(self, stack):
+        self._stack, self.address = stack, None
+
+    def get(self):
+        if self.address is None:
+            import daskgpu as dg
+
+            cluster = self._stack.enter_context(dg.LocalGPUCluster(
+                simulate=True, processes=False, protocol="tcp://", dashboard_address=None))
+            self.address = cluster.scheduler_address
+        return self.address
+
+
+def _run_command(argv, comment, cwd, scheduler):
+    if argv[:2] == ["pip", "install"]:
+        named = {m for a in argv for m in re.findall(r"\[([\w,-]+)\]", a)}
+        missing = {e for group in named for e in group.split(",")} - _extras()
+        assert not missing, f"{shlex.join(argv)}: no such extra {sorted(missing)}"
+        if "&&" not in argv:
+            return
+        argv = argv[argv.index("&&") + 1:]
+        if argv[:3] == ["python", "-m", "pytest"] or argv == ["daskgpu", "demo"]:
+            return  # the README's two commands, which CI and tests/test_readme.py run
+    if NEEDS_GPU in comment and _gpu():
+        return  # on a GPU the command would run for real: the GPU suite's tests do
+    if SCHEDULER in argv:
+        argv = [scheduler.get() if a == SCHEDULER else a for a in argv]
+        argv += ["--simulate"] if argv[:2] == ["daskgpu", "batch"] else []
+    proc = _run(argv, cwd)
+    what = (f"{shlex.join(argv)}\n--- stdout\n{proc.stdout[-2000:]}\n--- stderr\n"
+            f"{proc.stderr[-3000:]}")
+    assert "Traceback" not in proc.stderr, what
+    if NEEDS_GPU in comment:
+        assert proc.returncode != 0, what
+        assert len(proc.stderr.strip().splitlines()) <= 2, what
+    else:
+        assert proc.returncode == 0, what
+
+
+@pytest.fixture
+def threaded_clusters(monkeypatch):
+    """``dg.LocalGPUCluster`` with threaded, simulated workers (see the module docstring)."""
+    import daskgpu as dg
+    from daskgpu._dask.cluster import LocalGPUCluster
+
+    def threaded(*args, **kwargs):
+        kwargs.setdefault("processes", False)
+        kwargs.setdefault("simulate", True)
+        return LocalGPUCluster(*args, **kwargs)
+
+    monkeypatch.setattr(dg, "LocalGPUCluster", threaded)
+
+
+@pytest.fixture
+def dask_config():
+    """Dask's settings as they were: a page may set them for its session."""
+    import dask.config
+
+    saved = copy.deepcopy(dask.config.config)
+    yield
+    dask.config.config.clear()
+    dask.config.config.update(saved)
+
+
+@pytest.mark.parametrize("page", pages(), ids=lambda p: p.stem)
+def test_guide_page_examples_run(page, tmp_path, monkeypatch, threaded_clusters, dask_config):
+    import distributed
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    before = set(sys.modules)
+    namespace = {"__name__": "__main__"}
+    with contextlib.ExitStack() as stack:
+        scheduler = _Scheduler(stack)
+        for lang, code in blocks(page):
+            if code.startswith(f"# {NEEDS_GPU}"):
+                continue
+            if lang == "python" and (m := re.match(r"# file: ([\w./-]+)\n", code)):
+                (tmp_path / m.group(1)).write_text(code)
+            elif lang == "python":
+                exec(compile(code, f"{page.name} example", "exec"), namespace)
+            elif lang == "bash":
+                for argv, comment in _commands(code):
+                    _run_command(argv, comment, tmp_path, scheduler)
+        for value in namespace.values():  # what a page left open, as a session's end would
+            if isinstance(value, distributed.Client | distributed.deploy.Cluster):
+                value.close()
+    for name in set(sys.modules) - before:  # the page's own modules (kernels.py)
+        if getattr(sys.modules[name], "__file__", "") and \
+                str(tmp_path) in str(sys.modules[name].__file__):
+            del sys.modules[name]
+
+
+def gpu_examples() -> list:
+    return [(page.stem, code) for page in sorted(GUIDE.glob("*.md"))
+            for lang, code in blocks(page) if lang == "python"
+            and code.startswith(f"# {NEEDS_GPU}")]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("page,code", gpu_examples(),
+                         ids=[f"{p}-{i}" for i, (p, _) in enumerate(gpu_examples())])
+def test_guide_gpu_example_runs_as_a_script(page, code, tmp_path):
+    (tmp_path / "example.py").write_text(code)
+    proc = _run(["python", "example.py"], tmp_path, timeout=600)
+    missing = re.search(r"No module named '(cupy|dask_cuda)'", proc.stderr)
+    if proc.returncode != 0 and missing:
+        pytest.skip(f"needs {missing.group(1)}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+def test_only_the_deploying_page_shows_commands_it_does_not_run():
+    shown = {p.stem for p in GUIDE.glob("*.md") for lang, _ in blocks(p) if lang == "shell"}
+    assert shown <= {"deploying"}
+
+
+def test_the_guide_has_examples_on_every_page_that_teaches_code():
+    stems = {p.stem for p in pages()}
+    for stem in ("kernels", "submit", "map-kernel", "reductions", "kernel-files", "clusters",
+                 "batch", "seeing-the-gpu"):
+        assert stem in stems
