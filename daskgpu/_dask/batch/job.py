@@ -39,7 +39,7 @@ from daskgpu._dask.batch.inputs import resolve_inputs
 from daskgpu._dask.batch.plan import PlannedJob, argument_order, misfit_error, plan_job
 from daskgpu._dask.batch.progress import BatchStart, as_progress
 from daskgpu._dask.batch.report import BatchReport, describe_failure
-from daskgpu._dask.batch.stopping import held_signals
+from daskgpu._dask.batch.stopping import WORKER_PRELOAD, held_signals
 from daskgpu._dask.batch.store import ChunkCheck, ChunkWriter, check_no_overlap, output_paths
 from daskgpu._errors import BatchError, CompileError
 from daskgpu._runtime import backends
@@ -190,13 +190,13 @@ def local_client(stack, devices=None, simulate=None):
 
     from daskgpu._dask.cluster import LocalGPUCluster
 
-    # Ctrl-C reaches the whole process group: the workers never see it, and
-    # are closed by this process, which reports. One that comes while they
-    # start is acted on once the cluster is up, so that it closes properly.
+    # Ctrl-C reaches the whole process group: the workers ignore it (their
+    # preload), and are closed by this process, which reports. One that comes
+    # while they start is acted on once the cluster is up, to close it properly.
     with held_signals():
         cluster = stack.enter_context(LocalGPUCluster(
             devices=devices, simulate=simulate, security=True,
-            dashboard_address="127.0.0.1:0",
+            dashboard_address="127.0.0.1:0", preload=[WORKER_PRELOAD],
             silence_logs=logging.CRITICAL))  # the report names failed chunks
     return stack.enter_context(Client(cluster))
 

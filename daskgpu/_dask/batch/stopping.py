@@ -7,12 +7,15 @@ SLURM ends a job at its time limit with SIGTERM (and SIGKILL after its
 Ctrl-C, its outputs' locks released, its written chunks kept, and one line
 says how to resume.
 
-:func:`held_signals` covers the start of a local cluster. Ctrl-C reaches the
-terminal's whole process group, and worker processes that took it would die
-under their running chunks; so the threads and processes started inside never
-see SIGINT (it is blocked there, as they inherit). This process does not lose
-it either: SIGINT and SIGTERM that come meanwhile are held, and raised again
-once the cluster is up, to whatever handlers were in place before.
+:func:`held_signals` covers the start of a local cluster: SIGINT and SIGTERM
+that come meanwhile are held, and raised again once the cluster is up, to
+whatever handlers were in place before, so that the cluster is closed
+properly. Ctrl-C reaches the terminal's whole process group, and a worker that
+took it would die under its running chunks, with a traceback: the batch's
+workers load this module as a preload (:data:`WORKER_PRELOAD`), whose
+:func:`dask_setup` makes them ignore SIGINT. (Ignoring SIGINT in this process
+while they start, as they would inherit it, would throw away a Ctrl-C; blocking
+it is not inherited by spawned processes.)
 """
 
 from __future__ import annotations
@@ -21,10 +24,14 @@ import contextlib
 import signal
 import threading
 
-__all__ = ["Terminated", "held_signals", "terminate_as_interrupt"]
+__all__ = ["WORKER_PRELOAD", "Terminated", "dask_setup", "held_signals",
+           "terminate_as_interrupt"]
 
 #: The signals a run stops on.
 STOPS = (signal.SIGINT, signal.SIGTERM)
+
+#: The ``preload=`` that makes a batch's worker processes ignore Ctrl-C.
+WORKER_PRELOAD = __name__
 
 
 class Terminated(KeyboardInterrupt):
@@ -79,15 +86,24 @@ def terminate_as_interrupt():
         signal.signal(signal.SIGTERM, previous)
 
 
+def dask_setup(worker) -> None:
+    """Worker preload: this worker process ignores SIGINT; its nanny closes it.
+
+    Only where the worker runs on its process's main thread (a process of
+    its own): a threaded worker leaves its host process's Ctrl-C alone.
+    """
+    if _on_main_thread():
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 @contextlib.contextmanager
 def held_signals():
     """Hold SIGINT and SIGTERM while inside; raise them again when leaving.
 
-    Threads and processes started inside never see SIGINT: it is blocked in
-    the main thread, and they inherit that. A signal that arrives meanwhile
-    reaches the handler that was in place before only on leaving, so that
-    what is started inside (a local cluster) is complete, and closed
-    properly, when the run stops. Outside the main thread nothing is held.
+    A signal that arrives meanwhile reaches the handler that was in place
+    before only on leaving, so that what is started inside (a local cluster)
+    is complete, and closed properly, when the run stops. Outside the main
+    thread nothing is held.
 
     Examples
     --------
@@ -110,15 +126,9 @@ def held_signals():
         caught.append(signum)
 
     previous = {s: signal.signal(s, hold) for s in STOPS}
-    mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
         yield
     finally:
-        # A SIGINT that came while no thread could take it is pending: take it here.
-        if hasattr(signal, "sigtimedwait"):
-            while signal.sigtimedwait({signal.SIGINT}, 0) is not None:
-                caught.append(signal.SIGINT)
-        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         for s, handler in previous.items():
             signal.signal(s, handler)
         if caught:
