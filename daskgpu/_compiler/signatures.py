@@ -104,7 +104,23 @@ def _element_type(dtype: np.dtype):
 
     if is_bfloat16(dtype):
         return types.bfloat16
+    if not _native(dtype):  # Numba raises a bare "NumbaNotImplementedError: >f4"
+        native = dtype.newbyteorder("=")
+        fix = native.name if native.fields is None else native.descr
+        raise TypeError(
+            f"cannot pass an array of dtype {dtype.str if dtype.fields is None else dtype} "
+            f"to a kernel: it is not in this machine's byte order; convert with "
+            f".astype({fix!r})"
+        )
     return numpy_support.from_dtype(dtype)
+
+
+def _native(dtype: np.dtype) -> bool:
+    """Whether ``dtype`` and all its record fields are in this machine's byte order."""
+    if dtype.fields is None:
+        base = dtype.subdtype[0] if dtype.subdtype is not None else dtype
+        return base.isnative
+    return all(_native(f[0]) for f in dtype.fields.values())
 
 
 def _scalar_type(a):

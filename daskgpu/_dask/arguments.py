@@ -1,36 +1,24 @@
-"""What :func:`~daskgpu.map_kernel` takes as a kernel's arguments, and what each one is.
+"""The placeholders a user passes to :func:`~daskgpu.map_kernel` among a kernel's arguments.
 
 :class:`Out` stands for an output allocated per chunk on the worker (aligned
 with the chunks, or one per launch and optionally combined across chunks);
-:data:`offset` for the chunk's global start index. :func:`classify` tells
-every argument's kind (a dask array, an output, ``dg.offset``, random states,
-a whole array, a number) by the parameter type of
-:mod:`daskgpu._dask.chunk_params` it becomes; :mod:`daskgpu._dask.launch_plan`
-makes those parameters; :mod:`daskgpu._dask.map_keywords` checks the
-``map_blocks`` keywords that complete or constrain them.
+:data:`offset` for the chunk's global start index. What each argument is,
+and the kernel parameters it becomes, is its kind's
+(:mod:`daskgpu._dask.arg_kinds`); :mod:`daskgpu._dask.map_keywords` checks
+the ``map_blocks`` keywords that complete or constrain the outputs.
 """
 
 from __future__ import annotations
 
 import math
-from numbers import Integral, Number
-from typing import Any, NamedTuple
+from numbers import Integral
 
 import numpy as np
 
 from daskgpu._dask import reduction
-from daskgpu._dask.chunk_params import (
-    ChunkParam,
-    OffsetParam,
-    OutParam,
-    PerChunkParam,
-    StatesParam,
-    ValueParam,
-    WholeParam,
-)
-from daskgpu._image.random_states import RandomStates
+from daskgpu._dask.chunk_params import array_module, is_cupy, native_fix
 
-__all__ = ["Arg", "Out", "check_extras", "classify", "mapped_rank", "offset"]
+__all__ = ["Out", "mapped_rank", "offset"]
 
 
 class _Offset:
@@ -140,7 +128,6 @@ class Out:
                  combine=None, fill=None, axis=None):
         import dask.array as da
         from dask.array.core import normalize_chunks
-        from dask.array.utils import meta_from_array
 
         given = {"like": like, "shape": shape, "chunks": chunks, "per_chunk": per_chunk,
                  "combine": combine, "fill": fill, "axis": axis}
@@ -169,7 +156,10 @@ class Out:
             if isinstance(like, da.Array):
                 if chunks is None:
                     chunks = like.chunks
-                self.meta = meta_from_array(like._meta, len(like.shape), self.dtype)
+                # Only the array type (CuPy or NumPy) comes from like's meta: its dtype
+                # (a record, say) need not cast to ours, and a mask is not an output's.
+                if is_cupy(like._meta):
+                    self.meta = array_module(True).empty((0,) * len(like.shape), self.dtype)
         elif shape is None:
             raise TypeError(
                 "dg.Out needs like= (an array to copy shape and chunks from) or shape= "
@@ -270,9 +260,17 @@ class Out:
 
 def _dtype(dtype) -> np.dtype:
     try:
-        return np.dtype(dtype)
+        dtype = np.dtype(dtype)
     except TypeError as exc:
         raise TypeError(f"dg.Out got dtype {dtype!r}, which numpy cannot read: {exc}") from None
+    if native_fix(dtype) is not None:
+        native = dtype.newbyteorder("=")
+        raise TypeError(
+            f"dg.Out got dtype {dtype.str}, not in this machine's byte order, which kernels "
+            f"cannot write; use dg.Out({(native.name if native.fields is None else native)!r}"
+            f", ...) and convert the result with .astype({dtype.str!r}) if you need it"
+        )
+    return dtype
 
 
 def _combine_name(combine) -> str:
@@ -281,71 +279,6 @@ def _combine_name(combine) -> str:
     if isinstance(combine, np.ufunc):
         return f"np.{combine.__name__}"
     return getattr(combine, "__qualname__", repr(combine))
-
-
-# -- what each argument is ----------------------------------------------------
-
-class Arg(NamedTuple):
-    """One argument of :func:`~daskgpu.map_kernel`: the parameter type it becomes, and its value.
-
-    ``value`` indexes the dask arrays and outputs for :class:`ChunkParam` and
-    :class:`OutParam`; else it is the argument itself.
-    """
-
-    kind: type
-    value: Any
-
-
-def classify(args):
-    """The role of each argument, and the dask arrays and :class:`Out` among them.
-
-    Returns ``(roles, arrays)``: one :class:`Arg` per argument.
-    """
-    import dask.array as da
-    from dask.base import is_dask_collection
-
-    roles, arrays = [], []
-    for pos, a in enumerate(args):
-        if isinstance(a, da.Array):
-            if any(math.isnan(c) for dim in a.chunks for c in dim):
-                raise ValueError(
-                    f"map_kernel argument {pos} has unknown chunk sizes {a.chunks}; "
-                    "call x.compute_chunk_sizes() first"
-                )
-            roles.append(Arg(ChunkParam, len(arrays)))
-            arrays.append(a)
-        elif isinstance(a, Out) and a.per_chunk is not None:
-            roles.append(Arg(PerChunkParam, a))
-        elif isinstance(a, Out):
-            roles.append(Arg(OutParam, len(arrays)))
-            arrays.append(a)
-        elif a is offset:
-            roles.append(Arg(OffsetParam, None))
-        elif isinstance(a, RandomStates):
-            if a.n is not None or a.start:
-                raise TypeError(
-                    f"map_kernel argument {pos} is {a!r}; in map_kernel write "
-                    f"dg.random_states({a.seed}) without n or start: each chunk gets the "
-                    "states of its elements' global indices"
-                )
-            roles.append(Arg(StatesParam, a))
-        elif isinstance(a, np.ndarray) or hasattr(a, "__cuda_array_interface__"):
-            roles.append(Arg(WholeParam, a))
-        elif isinstance(a, (Number, np.generic)) and not is_dask_collection(a):
-            roles.append(Arg(ValueParam, a))
-        else:
-            raise TypeError(
-                f"map_kernel argument {pos} is a {type(a).__name__}; pass dask arrays, "
-                "numpy or device arrays (passed whole to every chunk), numbers, "
-                "dg.Out(dtype, like=x) outputs, dg.offset or dg.random_states(seed)"
-            )
-    if not arrays:
-        raise ValueError(
-            "map_kernel needs at least one dask array or dg.Out among the arguments "
-            "to take its chunks from (an aligned one: a per-chunk output has no chunks); "
-            "for a single launch use kernel.forall(n)(...)"
-        )
-    return roles, arrays
 
 
 def mapped_rank(arrays) -> int:
@@ -360,27 +293,3 @@ def mapped_rank(arrays) -> int:
     if ndim == 0:
         raise ValueError("map_kernel maps over arrays of at least one dimension")
     return ndim
-
-
-def check_extras(roles, ndim, depth):
-    """Refuse per-chunk outputs and random states where they have no meaning."""
-    kinds = {r.kind for r in roles}
-    halo = depth is not None and any(
-        depth.values() if isinstance(depth, dict) else np.atleast_1d(depth).tolist())
-    if halo and PerChunkParam in kinds:
-        raise ValueError(
-            f"map_kernel got depth={depth!r} with a per-chunk output (dg.Out(per_chunk=...)). "
-            "Halos overlap neighbouring chunks, so their elements would count in two "
-            "per-chunk results; map without depth, or use an aligned output "
-            "(dg.Out(dtype, like=x)) and reduce it afterwards"
-        )
-    if halo and StatesParam in kinds:
-        raise ValueError(
-            f"map_kernel got depth={depth!r} with dg.random_states: a halo element "
-            "belongs to two chunks and would draw from one state twice; map without depth"
-        )
-    if StatesParam in kinds and ndim > 3:
-        raise ValueError(
-            f"dg.random_states numbers the elements of maps of up to 3 dimensions; this "
-            f"map is {ndim}-D. Reshape the arrays to at most 3 dimensions first"
-        )

@@ -38,7 +38,7 @@ from daskgpu._runtime.launch import unwrap
 __all__ = [
     "ChunkContext", "ChunkParam", "ChunkPlaces", "FlatChunkParam", "FlatOutParam", "FlatView",
     "OffsetParam", "OutParam", "PerChunkParam", "StatesParam", "ValueParam", "WholeParam",
-    "array_module", "flat_view", "fresh", "is_cupy", "plain_dtype",
+    "array_module", "flat_view", "fresh", "is_cupy", "native_fix", "plain_dtype",
 ]
 
 
@@ -60,6 +60,27 @@ def plain_dtype(dtype):
     """``dtype`` as its short string, which pickles small, unless that loses record fields."""
     dtype = np.dtype(dtype)
     return dtype.str if dtype.fields is None else dtype
+
+
+def native_fix(dtype) -> str | None:
+    """The ``.astype(...)`` that makes ``dtype`` native, when it is not; else None.
+
+    Examples
+    --------
+    >>> native_fix(">f4"), native_fix("<f4")
+    (".astype('float32')", None)
+    """
+    dtype = np.dtype(dtype)
+    if _native(dtype):
+        return None
+    native = dtype.newbyteorder("=")
+    return f".astype({(native.name if native.fields is None else native.descr)!r})"
+
+
+def _native(dtype: np.dtype) -> bool:
+    if dtype.fields is not None:
+        return all(_native(f[0]) for f in dtype.fields.values())
+    return (dtype.subdtype[0] if dtype.subdtype is not None else dtype).isnative
 
 
 class ChunkContext(NamedTuple):

@@ -1,8 +1,9 @@
 """What each :func:`~daskgpu.map_kernel` task runs, planned on the client.
 
 :func:`select_image` picks the kernel image that takes the chunks' types and
-:func:`shipped` the PTX-only kernel the tasks carry; :func:`plan_params` turns
-every argument into the kernel parameters of :mod:`daskgpu._dask.chunk_params`.
+:func:`shipped` the PTX-only kernel the tasks carry; :func:`plan_params` asks
+every argument's kind (:mod:`daskgpu._dask.arg_kinds`) for its kernel
+parameters (:mod:`daskgpu._dask.chunk_params`).
 :func:`fuse` runs the launches of an earlier ``map_kernel`` whose result is
 read here in the same tasks: each ``map_kernel`` whose one result is an
 aligned output without halos records how it was made in :data:`chains`, a
@@ -16,29 +17,16 @@ import operator
 import weakref
 from typing import Any, NamedTuple
 
-import numpy as np
-
 from daskgpu._bounded import BoundedCache
-from daskgpu._dask.chunk_params import (
-    ChunkParam,
-    FlatChunkParam,
-    FlatOutParam,
-    OffsetParam,
-    OutParam,
-    PerChunkParam,
-    StatesParam,
-    ValueParam,
-    WholeParam,
-    plain_dtype,
-)
+from daskgpu._dask.arg_kinds import OffsetKind, Planning
+from daskgpu._dask.chunk_params import ChunkParam, FlatChunkParam
 from daskgpu._dask.chunk_task import Fused
 from daskgpu._errors import CompileError
-from daskgpu._image.random_states import STATE_DTYPE
 from daskgpu._runtime import dispatch
 from daskgpu._runtime.ptx_kernel import PTXKernel
 
-__all__ = ["ChainLink", "Planned", "Result", "Selected", "chains", "check_kernel", "fuse",
-           "plan_params", "select_image", "shipped"]
+__all__ = ["ChainLink", "Selected", "chains", "check_kernel", "fuse", "plan_params",
+           "select_image", "shipped"]
 
 
 def check_kernel(kernel) -> None:
@@ -74,8 +62,9 @@ def select_image(kernel, roles, arrays, ndim, grid_ndim) -> Selected:
     them); one that indexes them in N-D (``x[i, j]``) gets them N-D. A lazy
     kernel is compiled only where no image it has takes either form.
     """
+    _check_count(kernel, roles, ndim)
     forms = _forms(kernel, ndim, grid_ndim)
-    candidates = [(flat, _examples(roles, arrays, ndim, flat)) for flat in forms]
+    candidates = [(flat, _examples(roles, ndim, flat)) for flat in forms]
     image, flat = _compiled(kernel, candidates, grid_ndim)
     if image is None:
         image, flat = _compile(kernel, candidates, grid_ndim)
@@ -92,6 +81,53 @@ def select_image(kernel, roles, arrays, ndim, grid_ndim) -> Selected:
             "shape (up to 3-D). Pass grid_ndim=1 to index the chunk's flat elements."
         )
     return Selected(image, rank, flat)
+
+
+def _check_count(kernel, roles, ndim) -> None:
+    """Refuse arguments that are not as many as the kernel's parameters, naming ``dg.Out``.
+
+    Forgetting an output is the usual cause: a kernel's outputs are among its
+    parameters, and ``map_kernel`` allocates them only where a :class:`Out` stands.
+    """
+    given = sum(role.width(ndim) for role in roles)
+    names = _parameter_names(kernel)
+    # Numba makes each parameter of the Python function one of the kernel's.
+    takes = {len(im.args) for im in kernel.images} if names is None else {len(names)}
+    if not takes or given in takes:
+        return
+    count = sorted(takes)[0]
+    listed = f" ({', '.join(names)})" if names is not None and len(names) == count else ""
+    got = ", ".join(role.label for role in roles)
+    offsets = (f"; dg.offset stands for {ndim} parameters, one int64 per dimension"
+               if any(isinstance(role, OffsetKind) for role in roles) and ndim > 1 else "")
+    hint = ""
+    if given < count:
+        writes = sorted({i for im in kernel.images if len(im.args) == count for i in im.writes})
+        which = [repr(names[i]) if listed else f"parameter {i}" for i in writes]
+        where = f" ({', '.join(which)})" if which else ""
+        hint = (f". A kernel's outputs are parameters too: pass dg.Out(dtype, like=x) in "
+                f"the place of each array it writes{where}, e.g. "
+                f"dg.map_kernel({kernel.__name__}, dg.Out(np.float32, like=x), ...)")
+    raise TypeError(
+        f"kernel {kernel.__name__!r} takes {count} parameters{listed}, but map_kernel got "
+        f"{given} ({got}{offsets}){hint}"
+    )
+
+
+def _parameter_names(kernel):
+    """The names of the kernel's parameters, from its Python function; None without one."""
+    import inspect
+
+    py_func = getattr(kernel, "py_func", None)
+    if py_func is None:
+        return None
+    try:
+        params = inspect.signature(py_func).parameters.values()
+    except (TypeError, ValueError):
+        return None
+    if any(p.kind not in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in params):
+        return None
+    return [p.name for p in params]
 
 
 def _forms(kernel, ndim, grid_ndim) -> tuple:
@@ -145,23 +181,9 @@ def _compile(kernel, candidates, grid_ndim):
     ) from None
 
 
-def _examples(roles, arrays, ndim, flat=False):
+def _examples(roles, ndim, flat=False):
     """One argument per kernel parameter that has the chunk's type (1-D where ``flat``)."""
-    out = []
-    for kind, value in roles:
-        if kind is ChunkParam or kind is OutParam:
-            a = arrays[value]
-            rank = 1 if flat else ndim if kind is OutParam else a.ndim
-            out.append(np.empty((1,) * rank, dtype=a.dtype))
-        elif kind is OffsetParam:
-            out.extend([np.int64(0)] * ndim)
-        elif kind is PerChunkParam:
-            out.append(np.empty((1,) * value.ndim, dtype=value.dtype))
-        elif kind is StatesParam:
-            out.append(np.empty(1, dtype=STATE_DTYPE))
-        else:
-            out.append(value)
-    return tuple(out)
+    return tuple(v for role in roles for v in role.examples(ndim, flat))
 
 
 def shipped(kernel, image, simulate: bool) -> PTXKernel:
@@ -185,100 +207,33 @@ def shipped(kernel, image, simulate: bool) -> PTXKernel:
     return PTXKernel(images)
 
 
-class Planned(NamedTuple):
-    """One kernel parameter: its parameter object and, on the client, where it comes from.
-
-    ``source`` indexes the dask arrays and outputs for :class:`ChunkParam`
-    and :class:`OutParam`, is the :class:`Out` of a :class:`PerChunkParam`,
-    the task argument of a :class:`WholeParam` or :class:`ValueParam`, else None.
-    """
-
-    param: Any
-    source: Any
-
-
-class Result(NamedTuple):
-    """A returned parameter: its index among the kernel's parameters, and its dtype."""
-
-    index: int
-    dtype: np.dtype
-
-
 def plan_params(kernel_name, image, roles, arrays, out_chunks, simulate: bool, flat=False):
     """What each kernel parameter is per chunk, and which of them a task returns.
 
-    With ``flat``, chunks and aligned outputs are passed as flat 1-D arrays
-    (:class:`FlatChunkParam`, :class:`FlatOutParam`). Returns ``(plan,
-    returns)``: one :class:`Planned` per kernel parameter (``dg.offset`` is
-    one :class:`OffsetParam` per axis), and a
-    :class:`Result` for each output, then for each dask input the kernel
-    writes.
+    Each argument's kind plans its own parameters
+    (:mod:`daskgpu._dask.arg_kinds`). With ``flat``, chunks and aligned
+    outputs are passed as flat 1-D arrays. Returns ``(plan, returns)``: one
+    :class:`~daskgpu._dask.arg_kinds.Planned` per kernel parameter
+    (``dg.offset`` is one per axis), and a :class:`~daskgpu._dask.arg_kinds.Result` for each output,
+    then for each dask input the kernel writes.
     """
+    planning = Planning(kernel_name, frozenset(image.writes), out_chunks, simulate, flat,
+                        arrays)
     ndim = len(out_chunks)
-    specs = iter(image.args)
-    plan, returns, written_inputs = [], [], []
-    for kind, value in roles:
-        if kind is OffsetParam:
-            for ax in range(ndim):
-                next(specs)
-                plan.append(Planned(OffsetParam(ax), None))
-            continue
-        spec, index = next(specs), len(plan)
-        written = index in image.writes
-        if kind is ChunkParam:
-            if flat and written:
-                _check_flat_written(kernel_name, arrays[value], out_chunks)
-            param = (FlatChunkParam if flat else ChunkParam)(spec.layout, written)
-            plan.append(Planned(param, value))
-            if written:
-                written_inputs.append(Result(index, arrays[value].dtype))
-        elif kind is OutParam:
-            dtype = arrays[value].dtype
-            param = (FlatOutParam if flat else OutParam)(plain_dtype(dtype), spec.layout)
-            plan.append(Planned(param, value))
-            returns.append(Result(index, dtype))
-        elif kind is PerChunkParam:
-            param = PerChunkParam(plain_dtype(value.dtype), value.per_chunk, value.fill,
-                                  spec.layout)
-            plan.append(Planned(param, value))
-            returns.append(Result(index, value.dtype))
-        elif kind is StatesParam:  # scratch: the kernel's writes to its states are not returned
-            shape = tuple(int(sum(c)) for c in out_chunks)  # random states refuse halos
-            param = StatesParam(value.seed, StatesParam.strides_of(shape),
-                                _states_builder(simulate))
-            plan.append(Planned(param, None))
-        elif kind is WholeParam:
-            plan.append(Planned(WholeParam(written), value))
-        else:
-            plan.append(Planned(ValueParam(), value))
-    returns += written_inputs
+    plan, outputs, written = [], [], []
+    for role in roles:
+        index = len(plan)
+        step = role.plan(image.args[index:index + role.width(ndim)], index, planning)
+        plan += step.planned
+        outputs += [step.output] if step.output is not None else []
+        written += [step.written] if step.written is not None else []
+    returns = outputs + written
     if not returns:
         raise ValueError(
             f"kernel {kernel_name!r} has nothing to return: give an output "
             "dg.Out(dtype, like=x), or pass a dask array that the kernel writes"
         )
     return tuple(plan), tuple(returns)
-
-
-def _check_flat_written(kernel_name, array, out_chunks):
-    """A written input of a flat map must have the map's shape: it comes back in its own."""
-    shape = tuple(int(sum(c)) for c in out_chunks)
-    if tuple(array.shape) != shape:
-        raise ValueError(
-            f"kernel {kernel_name!r} writes a dask array of shape {tuple(array.shape)} that "
-            f"it sees flat, broadcast to the map's shape {shape}; broadcast elements share "
-            "memory, so it cannot come back. Broadcast it first (da.broadcast_to(x, "
-            f"{shape}).copy()), or write into a dg.Out instead"
-        )
-
-
-def _states_builder(simulate: bool):
-    """The PTX-only states kernel, compiled here on the client; None for ``simulate``."""
-    if simulate:
-        return None  # simulated workers build states on the host, from the same table
-    from daskgpu._compiler.random_states import builder
-
-    return builder()
 
 
 # -- fusing chained map_kernels -----------------------------------------------

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from daskgpu._dask.arg_kinds import check_array
 from daskgpu._dask.arguments import Out
 from daskgpu._dask.chunk_params import PerChunkParam, is_cupy
 
@@ -55,6 +56,9 @@ def resolve_outs(args, dtype, meta) -> tuple:
     """``args`` with every :class:`Out` completed: ``dtype``, the mapped shape and ``meta``."""
     import dask.array as da
 
+    for pos, a in enumerate(args):
+        if isinstance(a, da.Array):  # before its shape is read: it may be unknown
+            check_array(a, pos)
     outs = [a for a in args if isinstance(a, Out)]
     if not outs:
         return args

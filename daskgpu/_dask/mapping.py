@@ -24,7 +24,8 @@ import numpy as np
 
 from daskgpu._config import flag
 from daskgpu._dask import reduction
-from daskgpu._dask.arguments import Out, check_extras, classify, mapped_rank, offset
+from daskgpu._dask.arg_kinds import check_extras, classify
+from daskgpu._dask.arguments import Out, mapped_rank, offset
 from daskgpu._dask.chunk_params import ChunkParam, ChunkPlaces, OutParam, PerChunkParam, is_cupy
 from daskgpu._dask.chunk_task import ChunkLaunch, run_chunk
 from daskgpu._dask.cluster_facts import cluster_facts
