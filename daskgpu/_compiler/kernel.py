@@ -12,7 +12,7 @@ from daskgpu._errors import PicklingError
 from daskgpu._runtime import backends
 from daskgpu._runtime.dispatch import select_image
 from daskgpu._runtime.launch import LaunchAPI, written_result
-from daskgpu._runtime.ptx_kernel import PTXKernel
+from daskgpu._runtime.ptx_kernel import PTXKernel, UncompiledKernel, unconfigured
 
 
 class Kernel(LaunchAPI):
@@ -188,13 +188,15 @@ class Kernel(LaunchAPI):
         return PTXKernel(images)
 
     def __reduce__(self):
+        if not self.images:
+            # Reached from a task's own function (da.map_blocks(f), f launching it): failing
+            # in Dask's serialization would bury the fix under its errors; the placeholder
+            # fails the task with it.
+            return UncompiledKernel, (self.__name__,)
         return PTXKernel, (self.ptx_kernel().images,)
 
     def __call__(self, *args, **kwargs):
-        raise TypeError(
-            f"kernel {self.__name__!r} must be launched with a configuration: "
-            f"{self.__name__}[griddim, blockdim](...) or {self.__name__}.forall(n)(...)"
-        )
+        raise unconfigured(self.__name__)
 
     def __repr__(self):
         return f"<daskgpu.Kernel {self.__name__} signatures={self.signatures}>"

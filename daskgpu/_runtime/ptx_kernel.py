@@ -67,8 +67,66 @@ class PTXKernel(LaunchAPI):
         """The container of this kernel's images (fixed: a PTXKernel compiles nothing)."""
         return self.images
 
+    def __call__(self, *args, **kwargs):
+        raise unconfigured(self.__name__)
+
     def __reduce__(self):
         return PTXKernel, (self.images,)
 
     def __repr__(self):
         return f"<PTXKernel {self.__name__} signatures={self.signatures}>"
+
+
+def unconfigured(name: str) -> TypeError:
+    """The error of calling a kernel without a launch configuration, locally or as a task."""
+    return TypeError(
+        f"kernel {name!r} must be launched with a configuration: {name}[griddim, blockdim]"
+        f"(...) or {name}.forall(n)(...); to run it as a Dask task, submit the launch: "
+        f"client.submit({name}.forall(n), *args) or client.submit({name}[griddim, blockdim], "
+        "*args)"
+    )
+
+
+class UncompiledKernel:
+    """What a kernel with no compiled signature pickles to: any use raises the fix.
+
+    A lazy kernel that a task's own function launches (``da.map_blocks(f)``
+    where ``f`` calls ``kernel[...]``) is pickled with ``f``, inside Dask's
+    serialization, which would bury an error raised there under its own
+    ("Could not serialize object of type ..."). It travels as this placeholder
+    instead, and the task fails with the one error that names the fix.
+
+    Examples
+    --------
+    >>> k = UncompiledKernel("double")
+    >>> k.forall(4)
+    Traceback (most recent call last):
+    ...
+    daskgpu._errors.PicklingError: kernel 'double' reached a Dask task with no compiled ...
+    """
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def _refuse(self, *args, **kwargs):
+        raise PicklingError(
+            f"kernel {self.name!r} reached a Dask task with no compiled signature, and "
+            f"workers do not compile: compile it on the client first, with "
+            f"{self.name}.specialize(*example_args) (or dg.jit with a signature), or map it "
+            f"with dg.map_kernel({self.name}, ...), which compiles for the chunks' types"
+        )
+
+    __call__ = __getitem__ = _refuse
+
+    def __getattr__(self, attr):
+        if attr.startswith("__"):
+            raise AttributeError(attr)
+        self._refuse()
+
+    def __reduce__(self):
+        return UncompiledKernel, (self.name,)
+
+    def __repr__(self):
+        return f"<UncompiledKernel {self.name}>"

@@ -261,9 +261,20 @@ def test_eager_kernel_refuses_unknown_signature():
 # -- misuse ------------------------------------------------------------------------------
 
 
-def test_pickling_a_lazy_kernel_names_specialize():
-    with pytest.raises(dg.PicklingError, match=r"no compiled signature.*_store\.specialize\(\*args\)"):
-        pickle.dumps(dg.jit(_store))
+def test_a_lazy_kernel_ships_a_placeholder_that_names_specialize():
+    # A task's own function that launches a lazy kernel (da.map_blocks(f)) pickles it inside
+    # Dask's serialization, where an error is buried under "Could not serialize object";
+    # it travels as a placeholder whose every use raises the fix instead.
+    shipped = pickle.loads(pickle.dumps(dg.jit(_store)))
+    fix = r"no compiled signature.*_store\.specialize\(\*example_args\).*dg\.map_kernel\(_store"
+    for use in (lambda k: k.forall(3), lambda k: k[1, 3], lambda k: k.configure(1, 3),
+                lambda k: k(np.zeros(3, np.float32), np.float32(1))):
+        with pytest.raises(dg.PicklingError, match=fix):
+            use(shipped)
+    assert not hasattr(shipped, "__cuda_array_interface__")  # probes still answer
+    # Saving one still refuses at once: a bundle is the compiled kernel itself.
+    with pytest.raises(dg.PicklingError, match=r"_store\.specialize\(\*args\)"):
+        dg.jit(_store).ptx_kernel()
 
 
 def test_a_lazy_kernels_launch_ships_a_placeholder_that_names_specialize():
@@ -280,6 +291,25 @@ def test_a_lazy_kernels_launch_ships_a_placeholder_that_names_specialize():
 def test_calling_without_a_configuration():
     with pytest.raises(TypeError, match=r"must be launched with a configuration: fill\[griddim, blockdim\]"):
         fill(np.zeros(3, np.float32), 1.0)
+
+
+def test_calling_a_shipped_kernel_without_a_configuration_names_the_launch():
+    # What a worker runs for client.submit(kernel, ...): before, "'PTXKernel' object is
+    # not callable".
+    shipped = pickle.loads(pickle.dumps(fill))
+    with pytest.raises(TypeError, match=r"must be launched with a configuration: fill\[griddim, "
+                       r"blockdim\].*client\.submit\(fill\.forall\(n\), \*args\)"):
+        shipped(np.zeros(3, np.float32), 1.0)
+
+
+def test_a_big_endian_array_into_a_lazy_kernel_names_astype():
+    # Before, numba's bare "NumbaNotImplementedError: >f4".
+    k = dg.jit(_div)
+    with pytest.raises(TypeError, match=r"dtype >f4 .*not in this machine's byte order; "
+                       r"convert with \.astype\('float32'\)"):
+        k.select_image((np.zeros(3, ">f4"), np.zeros(3, np.float32)))
+    with pytest.raises(TypeError, match=r"convert with \.astype\(\[\('a', '<f4'\)\]\)"):
+        k.specialize(np.zeros(3, [("a", ">f4")]), np.zeros(3, np.float32))
 
 
 def test_jit_device_true_is_refused():
