@@ -71,3 +71,36 @@ def test_a_kernel_module_that_exits_at_import_is_a_failure(folder, capsys):
     err = capsys.readouterr().err
     assert "no GPU here, bye" in err and "Traceback" not in err
     assert not os.path.exists(folder / "k.dgk")
+
+
+# -- TLS ------------------------------------------------------------------------------
+def test_a_tls_scheduler_without_credentials_is_one_line_naming_what_to_set(folder, capsys):
+    import json
+
+    start = time.monotonic()
+    line = _usage_error(["k.py:f", "--input", "x.npy", "--output", "o.zarr",
+                         "--scheduler", "tls://127.0.0.1:9"], capsys)
+    assert "the scheduler tls://127.0.0.1:9 speaks TLS" in line
+    for name in ("--tls-ca-file", "--tls-cert", "--tls-key", "distributed.comm.tls.ca-file",
+                 "distributed.comm.tls.client.cert"):
+        assert name in line, line
+    assert time.monotonic() - start < 10  # refused before any connection is tried
+    (folder / "scheduler.json").write_text(json.dumps({"address": "tls://127.0.0.1:9"}))
+    line = _usage_error(["k.py:f", "--input", "x.npy", "--output", "o.zarr",
+                         "--scheduler-file", "scheduler.json", "--tls-ca-file", "ca.pem"],
+                        capsys)
+    assert "speaks TLS, and --tls-cert is not set" in line
+
+
+def test_tls_options_without_a_scheduler_are_refused(folder, capsys):
+    line = _usage_error(["k.py:f", "--input", "x.npy", "--output", "o.zarr",
+                         "--tls-cert", "cert.pem"], capsys)
+    assert "are for --scheduler or --scheduler-file" in line
+
+
+def test_progress_takes_a_display_and_no_progress_means_none():
+    parse = build_parser().parse_args
+    base = ["k.py:f", "--input", "x", "--output", "o"]
+    assert parse(base).progress == "auto"
+    assert parse([*base, "--progress", "lines"]).progress == "lines"
+    assert parse([*base, "--no-progress"]).progress == "none"
