@@ -8,7 +8,9 @@ A page's fenced blocks run in the order they appear, in one fresh directory:
   instead (a module that later blocks and commands import);
 - ``bash`` blocks run line by line as commands; ``pip install`` lines name extras
   that pyproject.toml defines (CI has run the install), and the address
-  ``tcp://scheduler:8786`` is replaced by a running simulated cluster's;
+  ``tcp://scheduler:8786`` is replaced by a running simulated cluster's, where
+  ``daskgpu batch`` commands also run (the batch's own local cluster, which costs
+  seconds to start, is tested in tests/dask/batch);
 - a block or command marked ``needs a GPU`` runs only on a GPU machine (the
   ``gpu`` test below); without one, such a command must fail in a line or two,
   without a traceback;
@@ -110,6 +112,9 @@ def _run_command(argv, comment, cwd, scheduler):
             return  # the README's two commands, which CI and tests/test_readme.py run
     if NEEDS_GPU in comment and _gpu():
         return  # on a GPU the command would run for real: the GPU suite's tests do
+    if argv[:2] == ["daskgpu", "batch"] and "--scheduler" not in argv:
+        # The job's own local cluster costs 15 s here; tests/dask/batch covers it.
+        argv = [*argv, "--scheduler", SCHEDULER]
     if SCHEDULER in argv:
         argv = [scheduler.get() if a == SCHEDULER else a for a in argv]
         argv += ["--simulate"] if argv[:2] == ["daskgpu", "batch"] else []
