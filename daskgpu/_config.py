@@ -125,6 +125,14 @@ def _bundle_key(value):
         return None
     if isinstance(value, str | bytes) and not _no_value(value):
         return value
+    if value is not None and not isinstance(value, str | bytes):
+        # Dask reads environment variables and YAML as literals: 123 becomes a number.
+        raise ValueError(
+            f"it must be the secret key as a string, but it was read as type "
+            f"{type(value).__name__}: Dask reads an unquoted number (or true, or a list) in "
+            "YAML and environment variables as one; quote the key inside the value: "
+            "DASK_DASKGPU__BUNDLE_KEY='\"<key>\"' in a shell, or bundle-key: \"<key>\" in a "
+            "dask config file")
     raise ValueError("it must be the secret key (a non-empty string), or false for no key; "
                      "an empty value, None or null is refused so that a key that failed to "
                      "arrive does not turn signature checks off")
@@ -181,6 +189,7 @@ SETTINGS = {
     "simulate": _bool,
     "target-cc": _cc,
     "cache-dir": _cache_dir,
+    "cache-bytes": _bytes(1),
     "module-cache-size": _count(1, MAX_MODULE_CACHE_SIZE),
     "pinned-pool-bytes": _bytes(1),
     "pinned-slot-bytes": _bytes(1),

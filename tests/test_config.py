@@ -32,6 +32,8 @@ _config.register()  # before dask.config.set, so the defaults outlive its blocks
     ("target-cc", "75.5", "major version from 3 to 19"),
     ("target-cc", "1.0", "major version from 3 to 19"),
     ("cache-dir", 5, "directory path"),
+    ("cache-bytes", 0, r"a size from 1 to 1125899906842624 bytes"),
+    ("cache-bytes", "huge", "such as \"8GiB\""),
 ])
 def test_a_bad_value_names_the_setting_the_value_and_the_fix(key, value, message):
     with dask.config.set({f"daskgpu.{key}": value}):
@@ -104,6 +106,12 @@ def test_sizes_take_dask_byte_strings():
     assert _config.check()["pinned-pool-bytes"] == 536870912  # the packaged default
 
 
+def test_the_disk_cache_bound_is_a_size_of_one_gib_by_default():
+    assert _config.get("cache-bytes") == 1 << 30
+    with dask.config.set({"daskgpu.cache-bytes": "20 GiB"}):
+        assert _config.get("cache-bytes") == 20 << 30
+
+
 PROBE = textwrap.dedent("""
     import json, sys
     from daskgpu import _config
@@ -160,3 +168,14 @@ def test_a_bundle_key_variable_of_false_means_no_key(tmp_path):
     (tmp_path / "conf").mkdir()
     before, after = _probe(tmp_path, {"DASK_DASKGPU__BUNDLE_KEY": "false"})
     assert before == after and before["bundle-key"] is None
+
+
+def test_a_bundle_key_read_as_a_number_says_how_to_quote_it(tmp_path):
+    (tmp_path / "conf").mkdir()
+    before, after = _probe(tmp_path, {"DASK_DASKGPU__BUNDLE_KEY": "8675309"})
+    assert before == after and "'bundle-key'" in before
+    assert "read as type int" in before
+    assert """DASK_DASKGPU__BUNDLE_KEY='"<key>"'""" in before
+    assert "8675309" not in before  # still a secret
+    before, after = _probe(tmp_path, {"DASK_DASKGPU__BUNDLE_KEY": '"8675309"'})  # quoted
+    assert before == after and before["bundle-key"] == "8675309"

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import hmac
 import os
+import re
 import secrets
 import stat
+import time
 import warnings
 
 from daskgpu._bounded import BoundedCache
@@ -69,10 +72,24 @@ class DiskCache:
     A store that fails (a full disk, a read-only directory) warns once and
     is otherwise ignored: the cache never fails a launch.
 
+    The entries' total size stays within ``max_bytes``: before a store, the
+    entries of other driver or nvJitLink versions go first (their file names
+    start with a tag of the versions), then the least recently used (a load
+    that hits touches its entry's modification time). Several processes may
+    share the directory: each one's stores make room for themselves, so two
+    storing at once exceed the bound by at most one entry, until the next
+    store; files that vanish meanwhile are skipped, and another process's
+    temporary files are not counted (those left by a crash are removed after
+    :data:`STALE_TEMPORARY_SECONDS`). A reader keeps the entry it has opened
+    even when it is evicted meanwhile.
+
     Parameters
     ----------
     directory : str
         Where the entries live (``daskgpu.cache-dir``); ``~`` is expanded.
+    max_bytes : int
+        The bound on the entries' total size (``daskgpu.cache-bytes``); a
+        cubin larger than it is not stored.
 
     Examples
     --------
@@ -95,15 +112,23 @@ class DiskCache:
     SECRET = "secret.key"
     #: The bytes read for an entry's header: MAGIC, a length, 64 hex digits.
     HEADER_BYTES = 128
+    #: Seconds after which another process's temporary file is taken for a crash's leftover.
+    STALE_TEMPORARY_SECONDS = 3600
 
-    def __init__(self, directory: str):
+    def __init__(self, directory: str, max_bytes: int = 1 << 30):
         self.directory = os.path.abspath(os.path.expanduser(directory))
+        self.max_bytes = int(max_bytes)
         self._secret = None  # bytes once checked; False when the cache is off
         self._warned = set()
 
     def path(self, image_hash: str, cc: tuple, versions: tuple) -> str:
-        """The file of the entry for this image, compute capability and tool versions."""
-        return os.path.join(self.directory, f"{_key(image_hash, cc, versions).hex()}.cubin")
+        """The file of the entry for this image, compute capability and tool versions.
+
+        Its name is ``<versions tag>-<key>.cubin``: eviction tells the entries
+        of other tool versions by the tag alone, without opening them.
+        """
+        name = f"{_versions_tag(versions)}-{_key(image_hash, cc, versions).hex()}.cubin"
+        return os.path.join(self.directory, name)
 
     def load(self, image_hash, cc, versions) -> bytes | None:
         """The stored cubin, or None when missing, damaged or not ours (then relink and store)."""
@@ -120,6 +145,9 @@ class DiskCache:
         expected = _mac(secret, _key(image_hash, cc, versions), cubin)
         if not hmac.compare_digest(mac, expected) or not cubin.startswith(b"\x7fELF"):
             return None
+        with contextlib.suppress(OSError, NotImplementedError):  # gone meanwhile: no matter
+            # Used now: the last to be evicted.
+            os.utime(self.path(image_hash, cc, versions), follow_symlinks=False)
         return cubin
 
     def store(self, image_hash, cc, versions, cubin: bytes) -> None:
@@ -135,7 +163,15 @@ class DiskCache:
             return
         mac = _mac(secret, _key(image_hash, cc, versions), cubin)
         header = self.MAGIC + f"{len(cubin)} {mac}\n".encode()
+        if len(header) + len(cubin) > self.max_bytes:
+            self._warn("large", f"daskgpu did not store a linked kernel of "
+                                f"{len(header) + len(cubin)} bytes in its cubin cache "
+                                f"{self.directory!r}: daskgpu.cache-bytes bounds the whole "
+                                f"cache at {self.max_bytes} bytes. Raise that setting to keep "
+                                "kernels this large.")
+            return
         try:
+            self.make_room(len(header) + len(cubin), _versions_tag(versions))
             atomic_write(self.path(image_hash, cc, versions), header + cubin, mode=0o600)
         except OSError as exc:
             self._warn("store", f"daskgpu could not store a linked kernel in its cubin cache "
@@ -143,6 +179,57 @@ class DiskCache:
                                 "are linked again in each new process. Free space in or "
                                 "grant write access to that directory, or unset "
                                 "daskgpu.cache-dir.")
+
+    def entries(self) -> list:
+        """``(name, size, mtime_ns)`` of every entry file now in the directory.
+
+        Only names that entries have count (the secret and temporary files
+        do not); files that vanish while the directory is read are left out.
+        """
+        return self._scan(stale_before=None)
+
+    def make_room(self, size: int, tag: str) -> int:
+        """Evict entries until ``size`` more bytes fit in :attr:`max_bytes`; the bytes freed.
+
+        Entries whose versions tag is not ``tag`` (other driver or nvJitLink
+        versions, or older file names) go first, then the least recently
+        used. A file another process evicted first counts as freed.
+        """
+        entries = self._scan(stale_before=time.time() - self.STALE_TEMPORARY_SECONDS)
+        room = self.max_bytes - size - sum(e[1] for e in entries)
+        if room >= 0:
+            return 0
+        # Oldest first within each group; the name breaks ties, so processes agree.
+        entries.sort(key=lambda e: (e[0].startswith(tag + "-"), e[2], e[0]))
+        freed = 0
+        for name, entry_size, _ in entries:
+            if freed + room >= 0:
+                break
+            with contextlib.suppress(FileNotFoundError):  # another process was first
+                os.unlink(os.path.join(self.directory, name))
+            freed += entry_size
+        return freed
+
+    def _scan(self, stale_before):
+        """The entries, as :meth:`entries`; temporary files older than ``stale_before``
+        (seconds since the epoch; None: none) are removed on the way."""
+        found = []
+        with os.scandir(self.directory) as scan:
+            for item in scan:
+                entry = _ENTRY_NAME.fullmatch(item.name) is not None
+                if not entry and (stale_before is None
+                                  or not _TEMPORARY_NAME.fullmatch(item.name)):
+                    continue
+                try:
+                    st = item.stat(follow_symlinks=False)
+                    if entry:
+                        if stat.S_ISREG(st.st_mode):
+                            found.append((item.name, st.st_size, st.st_mtime_ns))
+                    elif st.st_mtime < stale_before:  # a crashed store's leftover
+                        os.unlink(item.path)
+                except FileNotFoundError:  # evicted, replaced or renamed by another process
+                    continue
+        return found
 
     def _read(self, path: str):
         """``(mac, cubin)`` of the entry file at ``path``, or None when it is not one of ours."""
@@ -198,6 +285,17 @@ class DiskCache:
         if kind not in self._warned:
             self._warned.add(kind)
             warnings.warn(message, RuntimeWarning, stacklevel=3)
+
+
+#: An entry's file name: a versions tag and a key (or, from before tags, a key alone).
+_ENTRY_NAME = re.compile(r"(?:[0-9a-f]{16}-)?[0-9a-f]{64}\.cubin")
+#: A temporary entry file, as :func:`~daskgpu._files.atomic_write` names it.
+_TEMPORARY_NAME = re.compile(r"\.(?:[0-9a-f]{16}-)?[0-9a-f]{64}\.cubin\.\d+-[0-9a-f]{8}\.tmp")
+
+
+def _versions_tag(versions) -> str:
+    """16 hex digits naming the driver and nvJitLink versions, the start of an entry's name."""
+    return hashlib.sha256(f"{versions}".encode()).hexdigest()[:16]
 
 
 def _key(image_hash, cc, versions) -> bytes:

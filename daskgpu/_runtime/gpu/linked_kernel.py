@@ -22,7 +22,8 @@ from daskgpu._runtime.gpu.marshal import ParamLayout
 #: bounded by ``daskgpu.module-cache-size``.
 module_cache = ModuleCache(int(_config.get("module-cache-size", 256)))
 
-#: The on-disk cubin caches by directory (``daskgpu.cache-dir``), each checked once.
+#: The on-disk cubin caches by directory and size bound (``daskgpu.cache-dir``,
+#: ``daskgpu.cache-bytes``), each checked once.
 disk_caches = BoundedCache(16, "cubin cache directories")
 
 #: Launch configurations whose checked grid and block a LinkedKernel keeps.
@@ -173,14 +174,16 @@ def _link(image, state, key) -> LinkedKernel:
 
 
 def disk_cache() -> DiskCache | None:
-    """The :class:`DiskCache` of ``daskgpu.cache-dir``, one per directory; None when unset.
+    """The :class:`DiskCache` of ``daskgpu.cache-dir``, bounded by ``daskgpu.cache-bytes``,
+    one per directory and bound; None when unset.
 
     Each directory is checked once per process, so a directory refused warns once.
     """
     directory = _config.get("cache-dir")
     if not directory:
         return None
-    return disk_caches.get(str(directory), lambda: DiskCache(str(directory)))
+    bound = _config.get("cache-bytes", 1 << 30)
+    return disk_caches.get((str(directory), bound), lambda: DiskCache(str(directory), bound))
 
 
 def _read_int(dptr) -> int:
