@@ -22,11 +22,12 @@ from daskgpu._dask.arg_kinds import OffsetKind, Planning
 from daskgpu._dask.chunk_params import ChunkParam, FlatChunkParam
 from daskgpu._dask.chunk_task import Fused
 from daskgpu._errors import CompileError
+from daskgpu._image.ptx import shared_memory
 from daskgpu._runtime import dispatch
 from daskgpu._runtime.ptx_kernel import PTXKernel
 
-__all__ = ["ChainLink", "Selected", "chains", "check_kernel", "fuse", "plan_params",
-           "select_image", "shipped"]
+__all__ = ["ChainLink", "Selected", "chains", "check_block_size", "check_kernel", "fuse",
+           "plan_params", "select_image", "shipped"]
 
 
 def check_kernel(kernel) -> None:
@@ -81,6 +82,30 @@ def select_image(kernel, roles, arrays, ndim, grid_ndim) -> Selected:
             "shape (up to 3-D). Pass grid_ndim=1 to index the chunk's flat elements."
         )
     return Selected(image, rank, flat)
+
+
+def check_block_size(kernel_name, image, tpb) -> None:
+    """Refuse to choose the block size of a kernel whose shared memory is sized for one.
+
+    ``map_kernel`` without ``tpb=`` takes the occupancy API's block size, which
+    differs between devices (and the simulator): a ``cuda.shared.array`` of a
+    constant shape, sized for the block the kernel was written for, would
+    then be overrun silently. Its tasks pass no dynamic shared memory at all.
+    """
+    static, dynamic = shared_memory(image.ptx[0][1])  # every target's PTX declares the same
+    if dynamic:
+        raise ValueError(
+            f"kernel {kernel_name!r} uses dynamic shared memory (cuda.shared.array(0, ...)), "
+            "sized at launch, and map_kernel launches with none; give the array a constant "
+            "shape and pass tpb= the block size it is sized for"
+        )
+    if static and not tpb:
+        raise ValueError(
+            f"kernel {kernel_name!r} declares {static} bytes of static shared memory "
+            "(cuda.shared.array of a constant shape), sized for the block it was written "
+            "for, and map_kernel would choose the block size; pass tpb= that block size, "
+            "e.g. map_kernel(..., tpb=64)"
+        )
 
 
 def _check_count(kernel, roles, ndim) -> None:

@@ -28,10 +28,11 @@ from daskgpu._dask.arg_kinds import check_extras, classify
 from daskgpu._dask.arguments import Out, mapped_rank, offset
 from daskgpu._dask.chunk_params import ChunkParam, ChunkPlaces, OutParam, PerChunkParam, is_cupy
 from daskgpu._dask.chunk_task import ChunkLaunch, run_chunk
-from daskgpu._dask.cluster_facts import cluster_facts
+from daskgpu._dask.cluster_facts import check_workers_link, cluster_facts
 from daskgpu._dask.launch_plan import (
     ChainLink,
     chains,
+    check_block_size,
     check_kernel,
     fuse,
     plan_params,
@@ -91,7 +92,10 @@ def map_kernel(kernel, *args, depth=None, boundary=None, tpb=0, name=None, grid_
         ``"periodic"``, ``"nearest"``, a constant). Outputs are allocated like
         the extended chunk and trimmed afterwards.
     tpb : int
-        Threads per block; 0 asks the occupancy API.
+        Threads per block; 0 asks the occupancy API, whose choice differs
+        between devices. A kernel with static shared memory
+        (``cuda.shared.array`` of a constant shape, sized for its block) is
+        refused without ``tpb=``; one with dynamic shared memory is refused.
     name : str, optional
         The key name to use for the output array, as in ``da.map_blocks``.
         Note that this fully specifies the output key name, and must be
@@ -232,9 +236,11 @@ def map_kernel(kernel, *args, depth=None, boundary=None, tpb=0, name=None, grid_
     ndim = mapped_rank(arrays)
     check_extras(roles, ndim, depth)
     image, rank, flat = select_image(kernel, roles, arrays, ndim, grid_ndim)
+    check_block_size(kernel.__name__, image, int(tpb))
     if flat:
         _check_flat_halo(kernel.__name__, depth, ndim)
     cluster = cluster_facts()
+    check_workers_link(image, kernel.__name__, cluster)  # once, not per chunk
     # Simulated workers run the Python function, whether or not this process simulates.
     simulate = backends.current().simulated or cluster.simulates
     ship = shipped(kernel, image, simulate)

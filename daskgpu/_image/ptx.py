@@ -45,3 +45,35 @@ def max_ptx_isa(cuda_version: tuple) -> tuple:
         return (99, 0)
     known = [v for v in _PTX_ISA_OF_CUDA if v <= tuple(cuda_version)]
     return _PTX_ISA_OF_CUDA[max(known)] if known else (0, 0)
+
+
+# A shared variable declared at module or function scope: ".visible .shared .align 4
+# .b8 _cudapy_smem_1[256];" (static) or ".extern .shared ... name[];" (dynamic).
+_SHARED_RE = re.compile(
+    r"^\s*(?P<extern>\.extern\s+)?(?:\.(?:visible|weak)\s+)?\.shared\s+(?:\.align\s+\d+\s+)?"
+    r"\.[a-z]+(?P<bits>\d+)\s+[\w$.]+(?P<dims>(?:\[\d*\])*)\s*;", re.MULTILINE)
+
+
+def shared_memory(ptx: str) -> tuple:
+    """The shared memory a PTX text declares: ``(static bytes, whether it uses dynamic)``.
+
+    Static shared memory is what ``cuda.shared.array`` with a constant shape
+    makes; dynamic is ``cuda.shared.array(0, ...)``, sized at launch.
+
+    Examples
+    --------
+    >>> shared_memory(".visible .shared .align 4 .b8 _cudapy_smem_1[256];\\n")
+    (256, False)
+    >>> shared_memory(".extern .shared .align 4 .b8 _cudapy_smem_1[];\\n")
+    (0, True)
+    """
+    static, dynamic = 0, False
+    for m in _SHARED_RE.finditer(ptx):
+        if m.group("extern"):
+            dynamic = True
+            continue
+        count = 1
+        for dim in re.findall(r"\[(\d+)\]", m.group("dims")):
+            count *= int(dim)
+        static += count * int(m.group("bits")) // 8
+    return static, dynamic

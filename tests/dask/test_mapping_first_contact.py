@@ -71,3 +71,82 @@ def test_submitting_a_kernel_without_a_configuration_names_the_launch(client):
         future.result()
     result = client.submit(ones.forall(4), np.zeros(4, np.float32)).result()
     np.testing.assert_array_equal(result, np.ones(4, np.float32))
+
+
+# -- block sizes a kernel depends on -------------------------------------------------
+
+TPB = 64
+
+
+@dg.jit
+def block_sums(sums, x):
+    partial = cuda.shared.array(TPB, np.float32)  # sized for blocks of TPB threads
+    i = cuda.grid(1)
+    t = cuda.threadIdx.x
+    partial[t] = x[i] if i < x.size else 0
+    cuda.syncthreads()
+    if t == 0:
+        total = np.float32(0)
+        for k in range(TPB):
+            total += partial[k]
+        cuda.atomic.add(sums, 0, total)
+
+
+@dg.jit
+def reversed_in_block(out, x):
+    tile = cuda.shared.array(0, np.float32)  # dynamic: sized at launch
+    i = cuda.grid(1)
+    t = cuda.threadIdx.x
+    if i < x.size:
+        tile[t] = x[i]
+    cuda.syncthreads()
+    if i < x.size:
+        out[i] = tile[cuda.blockDim.x - 1 - t]
+
+
+@pytest.fixture
+def simulate():
+    with dask.config.set({"daskgpu.simulate": True, "scheduler": "sync"}):
+        yield
+
+
+def test_static_shared_memory_needs_tpb(simulate):
+    # Before, the simulator's block size happened to be 64 and this passed; on a GPU the
+    # occupancy API may choose another, and the shared array overflows silently.
+    x = da.ones(256, chunks=128, dtype=np.float32)
+    with pytest.raises(ValueError, match=r"^kernel 'block_sums' declares 256 bytes of static "
+                       r"shared memory .*pass tpb= that block size"):
+        dg.map_kernel(block_sums, dg.Out(np.float32, per_chunk=1, combine="sum"), x)
+    total = dg.map_kernel(block_sums, dg.Out(np.float32, per_chunk=1, combine="sum"), x,
+                          tpb=TPB)
+    np.testing.assert_array_equal(total.compute(), [256])
+
+
+def test_dynamic_shared_memory_is_refused(simulate):
+    x = da.ones(256, chunks=128, dtype=np.float32)
+    for tpb in (0, 64):
+        with pytest.raises(ValueError, match=r"^kernel 'reversed_in_block' uses dynamic shared "
+                           r"memory .*map_kernel launches with none"):
+            dg.map_kernel(reversed_in_block, dg.Out(np.float32, like=x), x, tpb=tpb)
+
+
+@cuda.jit(device=True)
+def _bump_in_shared(x, i):
+    scratch = cuda.shared.array((4, 8), np.int32)  # in a device function: 128 bytes
+    scratch[0, 0] = 1
+    cuda.syncthreads()
+    x[i] += scratch[0, 0]
+
+
+@dg.jit
+def bump(x):
+    i = cuda.grid(1)
+    if i < x.size:
+        _bump_in_shared(x, i)
+
+
+def test_static_shared_memory_of_a_device_function_counts_too(simulate):
+    x = da.zeros(8, chunks=4, dtype=np.int32)
+    with pytest.raises(ValueError, match=r"'bump' declares 128 bytes of static shared memory"):
+        dg.map_kernel(bump, x)
+    np.testing.assert_array_equal(dg.map_kernel(bump, x, tpb=4).compute(), np.ones(8))
