@@ -13,11 +13,18 @@ import daskgpu as dg
 distributed = pytest.importorskip("distributed")
 
 
-@pytest.fixture(scope="module")
-def client():
+@pytest.fixture(scope="module", params=["simulated", pytest.param("gpu", marks=pytest.mark.gpu)])
+def client(request):
     from distributed import Client, Scheduler, SpecCluster, Worker
 
+    if request.param == "gpu":
+        with dask.config.set({"daskgpu.simulate": False}), \
+                dg.LocalGPUCluster(simulate=False, dashboard_address=":0") as cluster, \
+                Client(cluster) as c:
+            yield c
+        return
     with dask.config.set({"daskgpu.simulate": True}):
+        # In-process workers: the task's function still travels pickled, by value.
         spec = {"gpu": {"cls": Worker, "options": {"nthreads": 1, "resources": {"GPU": 1}}}}
         with SpecCluster(workers=spec, scheduler={
                 "cls": Scheduler, "options": {"dashboard_address": ":0"}}) as cluster, \
@@ -120,6 +127,16 @@ def test_static_shared_memory_needs_tpb(simulate):
     total = dg.map_kernel(block_sums, dg.Out(np.float32, per_chunk=1, combine="sum"), x,
                           tpb=TPB)
     np.testing.assert_array_equal(total.compute(), [256])
+
+
+@pytest.mark.gpu
+def test_gpu_static_shared_memory_with_tpb_sums_right():
+    xn = np.random.default_rng(0).random(1 << 20, dtype=np.float32)
+    x = da.from_array(xn, chunks=1 << 18)
+    with dask.config.set({"daskgpu.simulate": False, "scheduler": "sync"}):
+        total = dg.map_kernel(block_sums, dg.Out(np.float32, per_chunk=1, combine="sum"), x,
+                              tpb=TPB).compute()
+    np.testing.assert_allclose(total, [xn.sum(dtype=np.float64)], rtol=1e-4)
 
 
 def test_dynamic_shared_memory_is_refused(simulate):
