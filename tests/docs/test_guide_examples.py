@@ -32,6 +32,7 @@ import re
 import shlex
 import subprocess
 import sys
+import textwrap
 import tomllib
 
 import pytest
@@ -40,12 +41,13 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 GUIDE = ROOT / "docs" / "guide"
 NEEDS_GPU = "needs a GPU"
 SCHEDULER = "tcp://scheduler:8786"
-FENCE = re.compile(r"^```(\w+)[^\n]*\n(.*?)^```", re.DOTALL | re.MULTILINE)
+# A fence may be indented, inside a list item; its code is then dedented.
+FENCE = re.compile(r"^( *)```(\w+)[^\n]*\n(.*?)^\1```", re.DOTALL | re.MULTILINE)
 
 
 def blocks(page: pathlib.Path) -> list:
     """The page's fenced blocks, as ``(language, code)`` in document order."""
-    return FENCE.findall(page.read_text())
+    return [(lang, textwrap.dedent(code)) for _, lang, code in FENCE.findall(page.read_text())]
 
 
 def pages() -> list:
@@ -74,11 +76,15 @@ def _extras() -> set:
 
 
 def _run(argv, cwd, timeout=300):
+    assignments = {}
+    while argv and re.fullmatch(r"[A-Z_][A-Z0-9_]*=.*", argv[0]):  # VAR=value command
+        name, _, value = argv[0].partition("=")
+        assignments[name], argv = value, argv[1:]
     if argv[0] == "daskgpu":
         argv = [sys.executable, "-m", "daskgpu", *argv[1:]]
     elif argv[0] == "python":
         argv = [sys.executable, *argv[1:]]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+    env = {**os.environ, **assignments, "PYTHONPATH": os.pathsep.join(
         p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
     return subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True,
                           timeout=timeout)
