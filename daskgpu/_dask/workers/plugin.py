@@ -36,6 +36,11 @@ PLUGIN_NAME = "daskgpu-gpu"
 #: scheduler's worker info) that says the worker runs kernels in the simulator.
 SIMULATED_METRIC = "daskgpu-simulated"
 
+#: The worker metric that says what PTX the worker's GPU can run: ``{"cc": [9, 0],
+#: "driver": [13, 0], "linker": [13, 0] or None}`` (None when simulated), so that a
+#: client refuses a map its workers cannot link when it builds the graph.
+DEVICE_METRIC = "daskgpu-device"
+
 # Seconds the worker keeps running after a task lost the CUDA context, so
 # that the task's error reaches the scheduler before the process goes.
 _GRACE = 0.5
@@ -113,6 +118,7 @@ class GPUWorkerPlugin(WorkerPlugin):
         heartbeat = getattr(worker, "metrics", None)
         if isinstance(heartbeat, dict):  # clients learn from it that they must ship Python
             heartbeat[SIMULATED_METRIC] = _simulated
+            heartbeat[DEVICE_METRIC] = _device_versions
         if self._ranges is None:  # set up once: one recorder to remove on teardown
             prometheus.install(digest_gpu_time)  # before the first launch makes its sinks
             metrics.add_recorder(digest_gpu_time)
@@ -252,6 +258,16 @@ def device_info(dask_worker=None) -> dict:
         if isinstance(plugin, GPUWorkerPlugin) and plugin.info is not None:
             return dict(plugin.info)
     return _probe(warm=False)
+
+
+def _device_versions(worker) -> dict | None:
+    plugin = worker.plugins.get(PLUGIN_NAME)
+    info = plugin.info if plugin is not None else None
+    if not info or info["simulated"]:
+        return None
+    linker = info["nvjitlink_version"]
+    return {"cc": list(info["cc"]), "driver": list(info["driver_version"]),
+            "linker": list(linker) if linker else None}
 
 
 def _simulated(worker) -> bool:
