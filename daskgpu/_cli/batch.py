@@ -7,7 +7,8 @@ connects to a scheduler or starts a local GPU cluster, and hands the job to
 A local cluster starts only when a chunk is left to compute; it admits only
 this run (temporary TLS credentials). Progress goes to stderr: a bar on a
 terminal, plain lines in a log. SIGTERM (SLURM's time limit) stops a run as
-Ctrl-C does: the chunks written are kept, and one line says how to resume.
+Ctrl-C does: the chunks written are kept, and one line says how to resume (in a
+job script, ``exec`` it, or SLURM kills it with the script's shell).
 """
 
 from __future__ import annotations
@@ -203,7 +204,10 @@ def build_parser() -> argparse.ArgumentParser:
                "the order given), 3 when chunks are left "
                "(--max-chunks), 130 when interrupted (SIGINT), 143 when terminated "
                "(SIGTERM, e.g. SLURM's time limit). "
-               "Rerun the same command to compute only the chunks not yet written.")
+               "Rerun the same command to compute only the chunks not yet written. In a "
+               "SLURM job script, start it with exec (exec daskgpu batch ...): at the time "
+               "limit the script's shell dies at once, and SLURM kills what it leaves "
+               "before the run can stop cleanly.")
     parser.add_argument("kernel", metavar="KERNEL",
                         help="a kernel bundle (.dgk), or MODULE:FUNCTION (a dotted module "
                              "or a .py path)")

@@ -140,3 +140,58 @@ def test_jobqueue_example_ends_with_a_message_when_its_jobs_cannot_start(slurm, 
     assert "sbatch: error: Invalid generic resource" in proc.stderr  # why, from dask-jobqueue
     assert "AssertionError" not in proc.stderr
     assert wall < 60
+
+
+BATCH_SCRIPT = """\
+#!/bin/sh
+# daskgpu batch as the job script's last line, on the local cluster it starts for itself.
+# exec: at the time limit the shell would die at once, and SLURM then kills what is
+# left of the job before the run has said how far it got.
+exec daskgpu batch slowkern.py:scale --sig 'void(float32[::1], float32[::1])' \\
+    --input x.zarr --output z.zarr:float32 --simulate
+"""
+
+SLOW_KERNEL = """\
+from numba import cuda
+
+def scale(out, x):
+    i = cuda.grid(1)
+    if i < out.size:
+        out[i] = 2 * x[i]
+"""
+
+
+def test_a_batch_stopped_by_its_time_limit_says_how_to_resume(slurm, job_env):
+    # SLURM's time limit sends SIGTERM to every process of the job (SIGKILL after
+    # KillWait, 30 s): the run stops as on Ctrl-C, its lock released, its chunks kept.
+    import numpy as np
+    zarr = pytest.importorskip("zarr")
+    from daskgpu._dask.batch.ledger import done_chunks
+    from daskgpu._dask.batch.lock import lock_path
+
+    tmp, env = job_env
+    folder = tmp / "timed"
+    folder.mkdir()
+    # Simulated chunks of 500 elements: minutes of work, where the limit is one minute.
+    x = zarr.open_array(str(folder / "x.zarr"), mode="w", shape=(2_500_000,), chunks=(500,),
+                        dtype="f4")
+    x[...] = np.arange(2_500_000, dtype="f4")
+    (folder / "slowkern.py").write_text(SLOW_KERNEL)
+    script = folder / "batch.sh"
+    script.write_text(BATCH_SCRIPT)
+    t0 = time.monotonic()
+    job_id = slurm.sbatch("--nodes=1", "--cpus-per-task=2", "--time=1",
+                          "--job-name=batch-timed", f"--chdir={folder}",
+                          f"--output={folder / 'batch.out'}", str(script), env=env)
+    job = slurm.wait([job_id], timeout=300)[job_id]
+    wall = time.monotonic() - t0
+    log = (folder / "batch.out").read_text()
+    written = len(done_chunks(str(folder / "z.zarr")))
+    print(f"batch-timed: job {job_id} {job['JobState']} after {job['RunTime']} "
+          f"({wall:.0f}s after submission), {written}/5000 chunks written")
+    assert job["JobState"] == "TIMEOUT", log
+    assert "daskgpu batch interrupted:" in log and "run the same job again" in log, log
+    assert f"daskgpu batch interrupted: {written}/5000 chunks written" in log, log
+    assert "Traceback" not in log, log
+    assert 0 < written < 5000
+    assert not os.path.exists(lock_path(str(folder / "z.zarr")))
