@@ -5,16 +5,20 @@
 (:mod:`~daskgpu._dask.batch.inputs`), outputs and per-chunk tasks
 (:mod:`~daskgpu._dask.batch.store`), the durable record of finished chunks
 (:mod:`~daskgpu._dask.batch.ledger`), the one-writer lock
-(:mod:`~daskgpu._dask.batch.lock`) and the report
-(:mod:`~daskgpu._dask.batch.report`) each have their module.
+(:mod:`~daskgpu._dask.batch.lock`), the report
+(:mod:`~daskgpu._dask.batch.report`), the progress displays
+(:mod:`~daskgpu._dask.batch.progress`) and how a run stops on signals
+(:mod:`~daskgpu._dask.batch.stopping`) each have their module.
 """
 
 from daskgpu._dask.batch.inputs import NpyFile
 from daskgpu._dask.batch.job import local_client, run_batch
 from daskgpu._dask.batch.ledger import done_chunks
 from daskgpu._dask.batch.plan import argument_order
+from daskgpu._dask.batch.progress import BarProgress, BatchProgress, BatchStart, LineProgress
 from daskgpu._dask.batch.report import BatchReport
 from daskgpu._errors import BatchError
 
-__all__ = ["BatchError", "BatchReport", "NpyFile", "argument_order", "done_chunks",
-           "local_client", "run_batch"]
+__all__ = ["BarProgress", "BatchError", "BatchProgress", "BatchReport", "BatchStart",
+           "LineProgress", "NpyFile", "argument_order", "done_chunks", "local_client",
+           "run_batch"]
