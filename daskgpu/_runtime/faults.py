@@ -16,16 +16,25 @@ otherwise (pickled, or compiled here).
 Sticky CUDA errors are not handled here: the runtime raises them as
 :class:`~daskgpu._errors.ContextLostError` and does nothing else; the Dask
 layer's :class:`~daskgpu.GPUWorkerPlugin` has a worker replaced after one.
+
+An error a kernel causes says where, in the first line of its message, as
+:func:`thread_site` and :func:`launch_site` write it: the kernel, the
+``map_kernel`` chunk (when the Dask layer runs the launch inside
+:func:`in_chunk`), the grid and block, and for a raised exception the thread
+and block that raised it and the source line; its class stays the kernel's.
 """
 
 from __future__ import annotations
 
 import builtins
+import contextlib
+import contextvars
 import sys
 import weakref
 
 from daskgpu._errors import DeviceError
 from daskgpu._image.bundle import BUILTIN_EXCEPTIONS, exception_name_refusal, reserved_module
+from daskgpu._image.launch_config import pad3
 
 #: The builtin exception classes a kernel's exception table may name by bare
 #: name. Any other bare name (SystemExit, KeyboardInterrupt, StopIteration, ...)
@@ -83,14 +92,16 @@ def _raisable(cls) -> bool:
                    for base in cls.__mro__)
 
 
-def device_exception(image, code: int, tid, ctaid) -> BaseException:
+def device_exception(image, code: int, tid, ctaid, dims=None) -> BaseException:
     """The Python exception a ``debug=True`` kernel's thread reported, as Numba raises it.
 
-    ``tid`` and ``ctaid`` are the reporting thread's ``(z, y, x)`` indices; the
-    exception's class, arguments and source location come from the image's
-    exception table, so no Python function is needed on the worker. A class
-    that cannot be resolved here (its module not imported in this process),
-    or that a kernel may not raise, becomes a :class:`DeviceError` naming it.
+    ``tid`` and ``ctaid`` are the reporting thread's ``(z, y, x)`` indices, as
+    Numba's globals hold them; ``dims`` is the launch's ``(griddim,
+    blockdim)``. The exception's class, arguments and source location come
+    from the image's exception table, so no Python function is needed on the
+    worker; its message starts with :func:`thread_site`. A class that cannot
+    be resolved here (its module not imported in this process), or that a
+    kernel may not raise, becomes a :class:`DeviceError` naming it.
     """
     entry = next((e for e in image.exceptions if e[0] == code), None)
     if entry is not None:
@@ -98,8 +109,9 @@ def device_exception(image, code: int, tid, ctaid) -> BaseException:
     else:
         cls_name, args, loc = ("SystemError", (f"unknown error {code} in kernel {image.name!r}",),
                                None)
-    where = f"In function {loc[0]!r}, file {loc[1]}, line {loc[2]}, " if loc else ""
-    prefix = f"{where}tid={list(tid)} ctaid={list(ctaid)}"
+    grid, block = dims if dims is not None else (None, None)
+    prefix = thread_site(image.name, grid, block, tuple(tid)[::-1], tuple(ctaid)[::-1],
+                         (loc[1], loc[2]) if loc else None)
     cls = _resolve(cls_name)
     if cls is not None:
         try:
@@ -109,3 +121,93 @@ def device_exception(image, code: int, tid, ctaid) -> BaseException:
     shown = cls_name.replace(":", ".")
     return DeviceError(f"{prefix}: {shown}: {args[0]}" if args else f"{prefix}: {shown}",
                        *args[1:])
+
+
+# -- where a launch ran: named in the errors it raises ------------------------------------
+
+#: The ``map_kernel`` chunk whose launch this thread runs, as ``(block id, shape,
+#: offset)``; set by :func:`in_chunk`, read by :func:`launch_site`.
+_CHUNK = contextvars.ContextVar("daskgpu_chunk", default=None)
+
+
+@contextlib.contextmanager
+def in_chunk(name: str, block_id, shape, start):
+    """Launches inside this block run on one ``map_kernel`` chunk: their errors name it.
+
+    A kernel's exception and a CUDA error after its launch name the chunk in
+    their message (:func:`launch_site`); any other exception raised inside
+    (a bad argument, say) gets the chunk as a note.
+
+    Examples
+    --------
+    >>> with in_chunk("saxpy", (2,), (100,), (200,)):
+    ...     launch_site("saxpy", (1,), (128,))
+    "kernel 'saxpy'<<<(1, 1, 1), (128, 1, 1)>>> on chunk (2,) at offset (200,)"
+    """
+    chunk = (tuple(block_id), tuple(shape), tuple(start))
+    token = _CHUNK.set(chunk)
+    try:
+        yield
+    except Exception as exc:
+        if _chunk_words(chunk) not in str(exc) and hasattr(exc, "add_note"):
+            exc.add_note(f"daskgpu.map_kernel: launching {name} on chunk {chunk[0]} of "
+                         f"shape {chunk[1]}, offset {chunk[2]}")
+        raise
+    finally:
+        _CHUNK.reset(token)
+
+
+def _chunk_words(chunk) -> str:
+    return f"on chunk {chunk[0]} at offset {chunk[2]}"
+
+
+def _dims(dims) -> tuple:
+    return pad3((dims,) if isinstance(dims, int) else tuple(dims))
+
+
+def launch_site(name: str, grid=None, block=None) -> str:
+    """Where a launch ran: the kernel, its grid and block as CUDA writes them
+    (``<<<grid, block>>>``, where known), and its ``map_kernel`` chunk if any.
+
+    Examples
+    --------
+    >>> launch_site("mod.saxpy", (4,), (256,))
+    "kernel 'saxpy'<<<(4, 1, 1), (256, 1, 1)>>>"
+    """
+    site = f"kernel {name.rpartition('.')[2]!r}"
+    if grid is not None and block is not None:
+        site += f"<<<{_dims(grid)}, {_dims(block)}>>>"
+    chunk = _CHUNK.get()
+    return site if chunk is None else f"{site} {_chunk_words(chunk)}"
+
+
+def thread_site(name: str, grid, block, thread, cta, line=None) -> str:
+    """Where a kernel's thread raised: :func:`launch_site`, then the thread's
+    ``threadIdx`` and ``blockIdx`` (x, y, z) and the source ``line`` as ``(file, line)``.
+
+    ``grid`` and ``block`` may be None where the launch's are not known.
+
+    Examples
+    --------
+    >>> thread_site("check", (2,), (64,), (39, 0, 0), (1, 0, 0), ("k.py", 7))
+    "kernel 'check'<<<(2, 1, 1), (64, 1, 1)>>>, thread (39, 0, 0) of block (1, 0, 0), at k.py:7"
+    """
+    where = "" if line is None else f", at {line[0]}:{line[1]}"
+    return (f"{launch_site(name, grid, block)}, thread {tuple(thread)} of block "
+            f"{tuple(cta)}{where}")
+
+
+def relocated(exc: BaseException, site: str) -> BaseException:
+    """``exc`` with ``site`` at the head of its message, its class and attributes kept.
+
+    The message is its first argument, as for every builtin exception; a
+    class whose text ignores its arguments gets ``site`` as a note instead.
+    """
+    args = exc.args
+    if args and isinstance(args[0], str):
+        exc.args = (f"{site}: {args[0]}",) + args[1:]
+    elif not args:
+        exc.args = (site,)
+    if site not in str(exc) and hasattr(exc, "add_note"):
+        exc.add_note(site)
+    return exc

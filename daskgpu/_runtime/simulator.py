@@ -31,6 +31,7 @@ from daskgpu._errors import LaunchConfigError
 from daskgpu._image.array_info import Zeroed
 from daskgpu._image.launch_config import DeviceLimits, pad3, task_counts
 from daskgpu._image.random_states import host_states
+from daskgpu._runtime import faults
 
 # The simulator keeps its kernel context in a module global and supports one
 # launch at a time per process.
@@ -128,14 +129,24 @@ def run_function(py_func, config, args, cc=None):
         and not (a.flags.c_contiguous or a.flags.f_contiguous) else (a, a)
         for a in args
     ]
-    kernel = FakeCUDAKernel(_simulable(py_func, {}), device=False)
-    with _launch_lock, _shared_limit(limits, cc, config.sharedmem, name), \
-            warnings.catch_warnings():
-        # A GPU's integer arithmetic wraps silently, and kernels rely on it
-        # (numba's xoroshiro128+ adds uint64s); numpy's scalars would warn. The
-        # filter is process-wide, but simulated launches hold the lock anyway.
-        warnings.filterwarnings("ignore", "overflow encountered", RuntimeWarning)
-        kernel[grid, block, 0, config.sharedmem](*(copy for _, copy in staged))
+    copies = {}
+    raised = []
+    kernel = FakeCUDAKernel(_trapping(_simulable(py_func, copies), raised), device=False)
+    try:
+        with _launch_lock, _shared_limit(limits, cc, config.sharedmem, name), \
+                warnings.catch_warnings():
+            # A GPU's integer arithmetic wraps silently, and kernels rely on it
+            # (numba's xoroshiro128+ adds uint64s); numpy's scalars would warn. The
+            # filter is process-wide, but simulated launches hold the lock anyway.
+            warnings.filterwarnings("ignore", "overflow encountered", RuntimeWarning)
+            kernel[grid, block, 0, config.sharedmem](*(copy for _, copy in staged))
+    except _Raised:
+        exc, thread, cta = raised[0]
+        if isinstance(exc, LaunchConfigError):  # the launch refused (shared memory): no thread's
+            raise exc from None
+        line = _raising_line(exc, {f.__code__ for f in copies if callable(f)})
+        raise faults.relocated(exc, faults.thread_site(name, grid, block, thread, cta, line)) \
+            from None
     for a, copy in staged:
         if copy is not a and a.flags.writeable:
             a[...] = copy
@@ -210,6 +221,44 @@ def _indices(base, shape, strides):
     return g.ravel()
 
 
+class _Raised(Exception):
+    """What a simulated thread raises in place of its kernel's exception, which
+    :func:`_trapping` keeps: Numba's simulator rebuilds a thread's exception from
+    its class and text alone, losing its arguments (or the exception itself, for
+    a class whose constructor wants others)."""
+
+
+def _trapping(fn, raised: list):
+    """``fn``, keeping the first exception a simulated thread raises in ``raised``,
+    as ``(exception, threadIdx, blockIdx)``."""
+    def kernel(*args):
+        try:
+            fn(*args)
+        except Exception as exc:
+            thread = threading.current_thread()  # the simulator's BlockThread
+            with _raised_lock:
+                if not raised:  # others only abort, once the first one failed
+                    raised.append((exc, tuple(thread.threadIdx), tuple(thread.blockIdx)))
+            raise _Raised() from None
+
+    kernel.__name__ = getattr(fn, "__name__", "kernel")
+    return kernel
+
+
+_raised_lock = threading.Lock()
+
+
+def _raising_line(exc, codes):
+    """``(file, line)`` of the innermost frame of ``exc`` in the kernel or a device function."""
+    line = None
+    tb = exc.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code in codes:
+            line = (tb.tb_frame.f_code.co_filename, tb.tb_lineno)
+        tb = tb.tb_next
+    return line
+
+
 def _fresh(arg: Zeroed):
     # A launch zero-fills a Zeroed output on the device; here the host is the device.
     arg.array.fill(0)
@@ -228,7 +277,11 @@ def _simulable(fn, done: dict):
     """
     if fn in done:
         return done[fn]
-    new_globals = dict(fn.__globals__)
+    real_cuda = _simulator_cuda()[1]
+    # Every global that is numba.cuda, also those only nested code reads: the
+    # simulator swaps them in the globals of the function it runs, which is
+    # _trapping's here.
+    new_globals = {k: _CUDA_VIEW if v is real_cuda else v for k, v in fn.__globals__.items()}
     new_globals["__builtins__"] = _SIMULATED_BUILTINS
     closure = fn.__closure__
     if closure is not None:

@@ -87,14 +87,15 @@ class LinkedKernel:
                         f"cuLibraryGetGlobal({name})")
         return dptr
 
-    def raised(self, image, stream):
-        """The exception a debug kernel's thread raised in the last launch, else None."""
+    def raised(self, image, stream, dims=None):
+        """The exception a debug kernel's thread raised in the last launch (of
+        ``dims``, its grid and block), else None."""
         check(driver.cuStreamSynchronize(stream), "cuStreamSynchronize")
         if _read_int(self.errcode) == 0:
             return None
         tid = [_read_int(self._global(f"{image.entry}__tid{a}__")) for a in "zyx"]
         ctaid = [_read_int(self._global(f"{image.entry}__ctaid{a}__")) for a in "zyx"]
-        return device_exception(image, _read_int(self.errcode), tid, ctaid)
+        return device_exception(image, _read_int(self.errcode), tid, ctaid, dims)
 
     def dims(self, config, state, name):
         """``(griddim, blockdim)`` for ``config``, checked against the device once."""

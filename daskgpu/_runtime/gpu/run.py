@@ -5,7 +5,8 @@ Every launch can take this path: host arrays (staged by
 streams, debug and cooperative kernels. Repeats on device arrays take the
 generated :mod:`~daskgpu._runtime.gpu.fast_path` once this path has run.
 
-A sticky CUDA error comes out as a :class:`~daskgpu._errors.ContextLostError`;
+A sticky CUDA error comes out as a :class:`~daskgpu._errors.ContextLostError`,
+naming the launch it was met after (:func:`~daskgpu._runtime.faults.launch_site`);
 the runtime does nothing else about it.
 """
 
@@ -22,6 +23,7 @@ from daskgpu._image.argspec import passed_value
 from daskgpu._image.array_info import CAI_READERS, READERS, array_info
 from daskgpu._image.launch_config import task_counts
 from daskgpu._runtime import metrics
+from daskgpu._runtime.faults import launch_site
 from daskgpu._runtime.gpu import device as _device
 from daskgpu._runtime.gpu.driver import (
     DEFAULT_STREAM,
@@ -87,6 +89,7 @@ def _run(image, config, args, infos, times):
     times.linked(stream, state)
     writes = image.writes
     staging = None
+    launched = False
     values = []
     try:
         for i, spec in enumerate(image.args):
@@ -123,22 +126,39 @@ def _run(image, config, args, infos, times):
                 kernel.function, *griddim, *blockdim, config.sharedmem, stream, params, 0
             )[0]
         if err != SUCCESS:  # the message is only formatted when needed
-            raise cuda_error(err, f"launching kernel {image.name!r}")
+            raise cuda_error(err, f"launching {launch_site(image.name, griddim, blockdim)}")
+        launched = True
         times.launched(stream, staging is not None)
         if staging is not None:
             staging.finish()
             times.waited()
         if kernel.errcode is not None:
-            exc = kernel.raised(image, stream)
+            exc = kernel.raised(image, stream, (griddim, blockdim))
             if exc is not None:
                 raise exc
     except CUDAError as exc:
         if exc.sticky:
             staging = None  # the context is gone: nothing can be freed any more
+            if launched:
+                raise _kernel_fault(exc, image, griddim, blockdim) from None
         raise
     finally:
         if staging is not None:
             staging.free()
+
+
+def _kernel_fault(exc, image, griddim, blockdim):
+    """The sticky error ``exc``, met while waiting for a launch, saying which launch.
+
+    The driver names no thread (compute-sanitizer does), and the fault may be
+    that of work queued on the device before this launch.
+    """
+    site = launch_site(image.name, griddim, blockdim)
+    fault = type(exc)(exc.code, (
+        f"{site} failed: {exc} The driver does not say which thread; the fault is this "
+        "launch's, or that of asynchronous work queued before it on the device. Run the "
+        "program under compute-sanitizer to find the thread and the line."))
+    return fault.with_traceback(exc.__traceback__)
 
 
 # As numba-cuda's NUMBA_CUDA_ARRAY_INTERFACE_SYNC: wait for the stream that an
