@@ -39,6 +39,9 @@ GROUPS = {
 #: Exceptions show their docstring and bases; classes their public members.
 _EXCEPTION_OPTIONS = ["   :show-inheritance:"]
 _CLASS_OPTIONS = ["   :members:"]
+#: Also the members a class inherits, when all its bases are daskgpu's own (Kernel's
+#: ``configure`` and ``forall`` come from a base; LocalGPUCluster's many from distributed).
+_OWN_BASES_OPTIONS = ["   :members:", "   :inherited-members:"]
 
 
 def public_names() -> list:
@@ -71,7 +74,8 @@ def _autodoc_lines(name: str) -> list:
     if inspect.isclass(value) and issubclass(value, BaseException):
         return [f".. autoexception:: daskgpu.{name}", *_EXCEPTION_OPTIONS]
     if inspect.isclass(value):
-        return [f".. autoclass:: daskgpu.{name}", *_CLASS_OPTIONS]
+        own = all(c.__module__.startswith("daskgpu") for c in value.__mro__[:-1])
+        return [f".. autoclass:: daskgpu.{name}", *(_OWN_BASES_OPTIONS if own else _CLASS_OPTIONS)]
     if inspect.isfunction(value):
         return [f".. autofunction:: daskgpu.{name}"]
     if name == "__version__":
@@ -191,18 +195,14 @@ class CLIDirective(SphinxDirective):
     """Each command's ``--help``, generated when the site is built."""
 
     def run(self):
-        result = []
+        lines = []
         for command, text in cli_help():
-            words = command.split()
-            title = " ".join(words[:-1])
-            section = nodes.section(ids=[nodes.make_id("cli " + title)], names=[title])
-            section += nodes.title(text="", children=[nodes.literal(text=title)])
-            block = nodes.literal_block(text, text)
-            block["language"] = "text"
-            section += nodes.paragraph(text="", children=[nodes.literal(text=command)])
-            section += block
-            result.append(section)
-        return result
+            title = "``" + command.removesuffix(" --help") + "``"
+            lines += [title, "-" * len(title), "", f"``{command}``:", "",
+                      ".. code-block:: text", ""]
+            lines += [f"   {line}" if line else "" for line in text.splitlines()]
+            lines.append("")
+        return _parse(self, lines)
 
 
 def _parse(directive, lines):

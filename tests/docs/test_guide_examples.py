@@ -33,7 +33,6 @@ import shlex
 import subprocess
 import sys
 import textwrap
-import tomllib
 
 import pytest
 
@@ -50,9 +49,13 @@ def blocks(page: pathlib.Path) -> list:
     return [(lang, textwrap.dedent(code)) for _, lang, code in FENCE.findall(page.read_text())]
 
 
+def guide_pages() -> list:
+    """The guide's pages and the site's front page, which shows an example too."""
+    return [GUIDE.parent / "index.md", *sorted(GUIDE.glob("*.md"))]
+
+
 def pages() -> list:
-    return sorted(p for p in GUIDE.glob("*.md") if any(
-        lang in ("python", "bash") for lang, _ in blocks(p)))
+    return [p for p in guide_pages() if any(lang in ("python", "bash") for lang, _ in blocks(p))]
 
 
 def _gpu() -> bool:
@@ -71,8 +74,10 @@ def _commands(code: str) -> list:
 
 
 def _extras() -> set:
-    return set(tomllib.loads((ROOT / "pyproject.toml").read_text())
-               ["project"]["optional-dependencies"])
+    """The extras pyproject.toml defines (read by hand: tomllib is Python 3.11+)."""
+    text = (ROOT / "pyproject.toml").read_text()
+    section = text.partition("[project.optional-dependencies]")[2].partition("\n[")[0]
+    return set(re.findall(r"^([\w-]+) = \[", section, re.MULTILINE))
 
 
 def _run(argv, cwd, timeout=300):
@@ -160,7 +165,7 @@ def dask_config():
     dask.config.config.update(saved)
 
 
-@pytest.mark.parametrize("page", pages(), ids=lambda p: p.stem)
+@pytest.mark.parametrize("page", pages(), ids=lambda p: p.relative_to(ROOT / "docs").with_suffix("").as_posix())
 def test_guide_page_examples_run(page, tmp_path, monkeypatch, threaded_clusters, dask_config):
     import distributed
 
@@ -190,7 +195,7 @@ def test_guide_page_examples_run(page, tmp_path, monkeypatch, threaded_clusters,
 
 
 def gpu_examples() -> list:
-    return [(page.stem, code) for page in sorted(GUIDE.glob("*.md"))
+    return [(page.stem, code) for page in guide_pages()
             for lang, code in blocks(page) if lang == "python"
             and code.startswith(f"# {NEEDS_GPU}")]
 
@@ -208,7 +213,7 @@ def test_guide_gpu_example_runs_as_a_script(page, code, tmp_path):
 
 
 def test_only_the_deploying_page_shows_commands_it_does_not_run():
-    shown = {p.stem for p in GUIDE.glob("*.md") for lang, _ in blocks(p) if lang == "shell"}
+    shown = {p.stem for p in guide_pages() for lang, _ in blocks(p) if lang == "shell"}
     assert shown <= {"deploying"}
 
 
