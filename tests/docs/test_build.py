@@ -117,3 +117,27 @@ def test_no_session_history_or_per_instance_figures(path):
     for pattern, what in HISTORY:
         found = re.search(pattern, text)
         assert found is None, f"{path.name} holds {what}: {found.group(0)!r}"
+
+
+# -- in a real browser --------------------------------------------------------------------------
+def _browser_script():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("check_in_browser",
+                                                  DOCS / "check_in_browser.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_pages_render_in_headless_chromium(site, tmp_path):
+    browser = _browser_script()
+    chromium = browser.chromium()
+    if chromium is None:
+        pytest.skip("no chromium on PATH (apt-get install -y chromium)")
+    for page in browser.PAGES:
+        png = tmp_path / (page.replace("/", "-") + ".png")
+        browser.screenshot(chromium, site / f"{page}.html", png)
+        # A blank or unstyled page compresses to a few kilobytes; a rendered one does not.
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert png.stat().st_size > 30_000, (page, png.stat().st_size)
