@@ -21,7 +21,10 @@ An error a kernel causes says where, in the first line of its message, as
 :func:`thread_site` and :func:`launch_site` write it: the kernel, the
 ``map_kernel`` chunk (when the Dask layer runs the launch inside
 :func:`in_chunk`), the grid and block, and for a raised exception the thread
-and block that raised it and the source line; its class stays the kernel's.
+and block that raised it (x, y, z) and the source line, followed by the text
+Numba gives the same exception (``tid=[...] ctaid=[...]: ...``, whose order
+is z, y, x on a GPU and x, y, z in the simulator), so that what matched
+Numba's messages still matches; its class stays the kernel's.
 """
 
 from __future__ import annotations
@@ -99,9 +102,11 @@ def device_exception(image, code: int, tid, ctaid, dims=None) -> BaseException:
     Numba's globals hold them; ``dims`` is the launch's ``(griddim,
     blockdim)``. The exception's class, arguments and source location come
     from the image's exception table, so no Python function is needed on the
-    worker; its message starts with :func:`thread_site`. A class that cannot
-    be resolved here (its module not imported in this process), or that a
-    kernel may not raise, becomes a :class:`DeviceError` naming it.
+    worker. Its message is :func:`thread_site`, then Numba's own (``In
+    function 'k', file f.py, line 7, tid=[z, y, x] ctaid=[z, y, x]: text``),
+    which code written for Numba matches. A class that cannot be resolved
+    here (its module not imported in this process), or that a kernel may not
+    raise, becomes a :class:`DeviceError` naming it.
     """
     entry = next((e for e in image.exceptions if e[0] == code), None)
     if entry is not None:
@@ -110,8 +115,10 @@ def device_exception(image, code: int, tid, ctaid, dims=None) -> BaseException:
         cls_name, args, loc = ("SystemError", (f"unknown error {code} in kernel {image.name!r}",),
                                None)
     grid, block = dims if dims is not None else (None, None)
-    prefix = thread_site(image.name, grid, block, tuple(tid)[::-1], tuple(ctaid)[::-1],
-                         (loc[1], loc[2]) if loc else None)
+    site = thread_site(image.name, grid, block, tuple(tid)[::-1], tuple(ctaid)[::-1])
+    # Then Numba's own words, which code written for Numba matches.
+    where = f"In function {loc[0]!r}, file {loc[1]}, line {loc[2]}, " if loc else ""
+    prefix = f"{site}: {where}tid={list(tid)} ctaid={list(ctaid)}"
     cls = _resolve(cls_name)
     if cls is not None:
         try:
@@ -204,10 +211,10 @@ def relocated(exc: BaseException, site: str) -> BaseException:
     class whose text ignores its arguments gets ``site`` as a note instead.
     """
     args = exc.args
-    if args and isinstance(args[0], str):
-        exc.args = (f"{site}: {args[0]}",) + args[1:]
-    elif not args:
+    if not args or args == ("",):
         exc.args = (site,)
+    elif isinstance(args[0], str):
+        exc.args = (f"{site}: {args[0]}",) + args[1:]
     if site not in str(exc) and hasattr(exc, "add_note"):
         exc.add_note(site)
     return exc

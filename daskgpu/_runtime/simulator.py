@@ -145,8 +145,9 @@ def run_function(py_func, config, args, cc=None):
         if isinstance(exc, LaunchConfigError):  # the launch refused (shared memory): no thread's
             raise exc from None
         line = _raising_line(exc, {f.__code__ for f in copies if callable(f)})
-        raise faults.relocated(exc, faults.thread_site(name, grid, block, thread, cta, line)) \
-            from None
+        site = faults.thread_site(name, grid, block, thread, cta, line)
+        # Then the simulator's own words, which code written for Numba matches.
+        raise faults.relocated(exc, f"{site}: tid={list(thread)} ctaid={list(cta)}") from None
     for a, copy in staged:
         if copy is not a and a.flags.writeable:
             a[...] = copy

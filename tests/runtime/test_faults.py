@@ -20,7 +20,7 @@ def _raising(a, n):
 
 RAISING = dg.jit("void(float32[::1], int32)", debug=True, opt=False)(_raising)
 #: Where device_exception says an exception of a table without lines was raised.
-SITE = "kernel '_raising', thread (0, 0, 0) of block (0, 0, 0)"
+SITE = "kernel '_raising', thread (0, 0, 0) of block (0, 0, 0): tid=[0, 0, 0] ctaid=[0, 0, 0]"
 
 
 def test_debug_image_carries_its_exception_table_as_plain_data():
@@ -44,8 +44,30 @@ def test_exception_is_rebuilt_as_numba_raises_it():
     exc = device_exception(image, code, [0, 0, 3], [0, 0, 0])  # (z, y, x), as Numba's globals
     assert type(exc) is ValueError
     line = image.exceptions[0][3][2]
-    assert str(exc) == (f"kernel '_raising', thread (3, 0, 0) of block (0, 0, 0), at {__file__}:"
-                        f"{line}: n too big")
+    # daskgpu's words (thread and block as x, y, z), then Numba's (z, y, x).
+    assert str(exc) == ("kernel '_raising', thread (3, 0, 0) of block (0, 0, 0): In function "
+                        f"'_raising', file {__file__}, line {line}, tid=[0, 0, 3] ctaid=[0, 0, 0]: "
+                        "n too big")
+
+
+def test_the_message_still_matches_what_numba_cudas_tests_match():
+    # numba-cuda's test_userexc, which the conformance suite runs through daskgpu.
+    import re
+
+    def test_exc(x):
+        if x == 1:
+            raise KernelError
+        elif x == 2:
+            raise KernelError("foo")
+
+    image = dg.jit("void(int32)", debug=True, opt=False)(test_exc).images[0]
+    pattern = r'In function [\'"]test_exc[\'"], file [\:\.\/\\\-a-zA-Z_0-9]+, line \d+'
+    assert sorted(args for _, _, args, _ in image.exceptions) == [(), ("foo",)]
+    for code, _, args, _ in image.exceptions:
+        exc = device_exception(image, code, [0, 0, 0], [0, 0, 0], ((1, 1, 1), (1, 1, 1)))
+        assert type(exc) is KernelError and re.search(pattern, str(exc))
+        assert "tid=[0, 0, 0] ctaid=[0, 0, 0]" + (": foo" if args else "") in str(exc)
+        assert str(exc).startswith("kernel 'test_exc'<<<(1, 1, 1), (1, 1, 1)>>>, thread (0, 0, 0)")
 
 
 def test_unknown_code_and_unknown_class():
@@ -76,7 +98,8 @@ def test_debug_kernel_raises_on_the_gpu():
         RAISING[1, 8](a, 5)
     line = RAISING.images[0].exceptions[0][3][2]
     assert str(info.value) == ("kernel '_raising'<<<(1, 1, 1), (8, 1, 1)>>>, thread (3, 0, 0) of "
-                               f"block (0, 0, 0), at {__file__}:{line}: n too big")
+                               f"block (0, 0, 0): In function '_raising', file {__file__}, line "
+                               f"{line}, tid=[0, 0, 3] ctaid=[0, 0, 0]: n too big")
     assert (RAISING[1, 8](a, 1) == 1).all()  # the context is fine afterwards
 
 
@@ -96,8 +119,9 @@ def test_a_user_exception_class_is_named_by_module_and_qualname():
     exc = device_exception(image, code, [0, 0, 0], [0, 0, 0])
     line = image.exceptions[0][3][2]
     assert type(exc) is KernelError
-    assert str(exc) == f"kernel '_raises_user_class', thread (0, 0, 0) of block (0, 0, 0), " \
-                       f"at {__file__}:{line}: mine"
+    assert str(exc) == ("kernel '_raises_user_class', thread (0, 0, 0) of block (0, 0, 0): In "
+                        f"function '_raises_user_class', file {__file__}, line {line}, "
+                        "tid=[0, 0, 0] ctaid=[0, 0, 0]: mine")
 
 
 def test_a_local_user_class_resolves_in_the_compiling_process():

@@ -48,7 +48,7 @@ def test_a_raise_names_the_kernel_launch_thread_block_and_line():
     assert type(info.value) is ValueError
     assert str(info.value) == (
         "kernel '_too_large'<<<(2, 1, 1), (64, 1, 1)>>>, thread (39, 0, 0) of block (1, 0, 0), "
-        f"at {__file__}:{RAISE_LINE}: value too large")
+        f"at {__file__}:{RAISE_LINE}: tid=[39, 0, 0] ctaid=[1, 0, 0]: value too large")
 
 
 def test_a_forall_launch_names_the_grid_it_ran():
@@ -140,8 +140,8 @@ def test_the_line_is_the_device_function_s_when_it_raised_there():
     with pytest.raises(ValueError) as info:
         kernel[1, 4](np.zeros(4, np.float32))
     line = _line_of(_helper_raises, "raise ValueError")
-    assert f"thread (2, 0, 0) of block (0, 0, 0), at {__file__}:{line}: from the helper" \
-        in str(info.value)
+    assert f"thread (2, 0, 0) of block (0, 0, 0), at {__file__}:{line}: tid=[2, 0, 0] " \
+           "ctaid=[0, 0, 0]: from the helper" in str(info.value)
 
 
 def test_a_shipped_image_names_its_kernel_too():

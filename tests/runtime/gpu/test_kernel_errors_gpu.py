@@ -42,10 +42,11 @@ def test_a_raise_names_the_kernel_launch_thread_block_and_line():
         TOO_LARGE_2D[(2, 3), (4, 4)](np.zeros((8, 12), np.float32))
     assert type(info.value) is ValueError
     line = _line_of(_too_large_2d, "raise ValueError")
-    # x, y, z order, as CUDA's threadIdx and blockIdx (Numba's globals hold z, y, x).
+    # daskgpu's words, x, y, z as CUDA's threadIdx and blockIdx; then Numba's, z, y, x.
     assert str(info.value) == (
-        "kernel '_too_large_2d'<<<(2, 3, 1), (4, 4, 1)>>>, thread (3, 1, 0) of block (0, 1, 0), "
-        f"at {__file__}:{line}: value too large")
+        "kernel '_too_large_2d'<<<(2, 3, 1), (4, 4, 1)>>>, thread (3, 1, 0) of block (0, 1, 0): "
+        f"In function '_too_large_2d', file {__file__}, line {line}, tid=[0, 1, 3] "
+        "ctaid=[0, 1, 0]: value too large")
 
 
 def test_in_a_chunk_the_raise_names_the_chunk():
@@ -54,7 +55,7 @@ def test_in_a_chunk_the_raise_names_the_chunk():
             TOO_LARGE_2D[(2, 3), (4, 4)](np.zeros((8, 12), np.float32))
     assert str(info.value).startswith(
         "kernel '_too_large_2d'<<<(2, 3, 1), (4, 4, 1)>>> on chunk (1, 2) at offset (8, 24), "
-        "thread (3, 1, 0) of block (0, 1, 0), at ")
+        "thread (3, 1, 0) of block (0, 1, 0): In function '_too_large_2d', file ")
     assert getattr(info.value, "__notes__", []) == []
     out = TOO_LARGE_2D[(1, 1), (4, 4)](np.zeros((4, 4), np.float32))  # the context is fine
     assert (out == 1).all()
@@ -73,7 +74,8 @@ def test_a_user_class_stays_its_class_on_the_gpu():
     kernel = dg.jit("void(float32[::1])", debug=True, opt=False)(_raises_user_class)
     with pytest.raises(KernelError, match=r"^kernel '_raises_user_class'<<<\(2, 1, 1\), "
                                           r"\(8, 1, 1\)>>>, thread \(1, 0, 0\) of block "
-                                          r"\(1, 0, 0\), at .*: mine$"):
+                                          r"\(1, 0, 0\): In function '_raises_user_class', "
+                                          r"file .*, tid=\[0, 0, 1\] ctaid=\[0, 0, 1\]: mine$"):
         kernel[2, 8](np.zeros(16, np.float32))
 
 
