@@ -190,3 +190,53 @@ def test_two_processes_storing_at_once_keep_the_bound_and_the_entry_in_use(tmp_p
     assert _total(disk) <= bound + one
     assert disk.load("hot", CC, VERSIONS) == _cubin(7)
     assert [n for n in os.listdir(directory) if n.endswith(".tmp")] == []
+
+
+# -- on a GPU: what linked() stores stays within daskgpu.cache-bytes -----------------------
+
+@pytest.mark.gpu
+def test_linked_kernels_on_disk_stay_within_the_setting(tmp_path):
+    import pickle
+    import subprocess
+    import sys
+    import textwrap
+
+    import numpy as np
+
+    from daskgpu._cli.bench.kernels import add, saxpy
+
+    x = np.ones(16, np.float32)
+    launches = {"saxpy": (saxpy.forall(16), (np.zeros_like(x), 1.0, x, x)),
+                "add": (add.forall(16), (np.zeros_like(x), x, x))}
+    blob = tmp_path / "launches.pkl"
+    blob.write_bytes(pickle.dumps(launches))
+    cubins = tmp_path / "cubins"
+
+    def run(name, bound):
+        script = textwrap.dedent(f"""
+            import pickle, sys, dask
+            sys.modules["numba"] = None
+            with dask.config.set({{"daskgpu.cache-dir": {str(cubins)!r},
+                                   "daskgpu.cache-bytes": {bound}}}):
+                import daskgpu._runtime.gpu.linked_kernel as linked_kernel
+                calls = []
+                orig = linked_kernel.link_cubin
+                linked_kernel.link_cubin = lambda *a: calls.append(1) or orig(*a)
+                launch, args = pickle.load(open({str(blob)!r}, "rb"))[{name!r}]
+                assert (launch(*args) == 2).all()
+                print("LINKED", len(calls))
+        """)
+        done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    def entries():
+        return [p for p in cubins.iterdir() if p.suffix == ".cubin"]
+
+    assert "LINKED 1" in run("saxpy", 1 << 30)
+    [first] = entries()
+    bound = first.stat().st_size * 3 // 2  # room for one entry, not two
+    assert "LINKED 1" in run("add", bound)
+    assert len(entries()) == 1 and sum(p.stat().st_size for p in entries()) <= bound
+    assert "LINKED 0" in run("add", bound)  # the newer entry stayed
+    assert "LINKED 1" in run("saxpy", bound)  # the older one was evicted
