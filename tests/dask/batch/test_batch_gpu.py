@@ -165,3 +165,55 @@ def test_batch_finishes_exactly_when_its_worker_is_killed_mid_job(client, tmp_pa
     assert report.complete
     assert [pid] != list(client.run(os.getpid).values())  # the nanny started a new worker
     np.testing.assert_array_equal(zarr.open_array(out, mode="r")[:], 2.0 * x + 1.0)
+
+
+AFFINE_MODULE = '''
+from numba import cuda
+
+def affine(out, a, x):
+    i = cuda.grid(1)
+    if i < out.size:
+        out[i] = a * x[i] + 1.0
+'''
+
+
+def test_cli_on_its_own_gpu_cluster_stops_on_sigterm_and_resumes(tmp_path):
+    # The local cluster daskgpu batch starts on GPUs (TLS, workers that ignore Ctrl-C
+    # through their preload), stopped as SLURM's time limit would stop it.
+    import sys
+
+    import psutil
+
+    n, chunk = 3000, 1 << 14
+    x = np.arange(n * chunk, dtype=np.float64)
+    np.save(tmp_path / "x.npy", x)
+    (tmp_path / "gpukern.py").write_text(AFFINE_MODULE)
+    out = str(tmp_path / "z.zarr")
+    argv = [sys.executable, "-m", "daskgpu", "batch", f"{tmp_path / 'gpukern.py'}:affine",
+            "--sig", "void(float64[::1], float64, float64[::1])", "--scalar", "2.0",
+            "--input", str(tmp_path / "x.npy"), "--output", f"{out}:float64",
+            "--chunks", str(chunk), "--no-simulate"]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            start_new_session=True)
+    deadline = time.monotonic() + 180
+    while (not os.path.isdir(out) or len(done_chunks(out)) < 20) and proc.poll() is None:
+        assert time.monotonic() < deadline, "no 20 chunks written in 180 s"
+        time.sleep(0.01)
+    assert proc.poll() is None, proc.communicate()
+    children = psutil.Process(proc.pid).children(recursive=True)
+    os.killpg(proc.pid, signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    err = err.decode()
+    written = len(done_chunks(out))
+    print(f"gpu batch SIGTERM: {written}/{n} chunks written; stderr:\n{err}")
+    assert proc.returncode == 143, err
+    assert f"daskgpu batch interrupted: {written}/{n} chunks written" in err, err
+    assert "\r" not in err and "Traceback" not in err, err
+    time.sleep(2)
+    assert not [c.pid for c in children if c.is_running()
+                and c.status() != psutil.STATUS_ZOMBIE], "worker processes left running"
+    rerun = subprocess.run([*argv, "--progress", "none"], capture_output=True, text=True,
+                           timeout=600)
+    assert rerun.returncode == 0, rerun.stderr
+    assert f"{n}/{n} chunks written ({n - written} this run, {written} before)" in rerun.stdout
+    np.testing.assert_array_equal(zarr.open_array(out, mode="r")[:], 2.0 * x + 1.0)
