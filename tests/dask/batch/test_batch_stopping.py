@@ -107,6 +107,12 @@ def test_sigterm_with_a_scheduler_stops_as_ctrl_c_does(client, job):
     while any(client.run(lambda dask_worker: len(dask_worker.state.executing)).values()):
         assert time.monotonic() < deadline
         time.sleep(0.05)
+    # Nothing of the run is left on the cluster: its tasks are gone from the scheduler.
+    while client.run_on_scheduler(
+            lambda dask_scheduler: [k for k in dask_scheduler.tasks if "saxpy" in str(k)
+                                    or "batch-" in str(k)]):
+        assert time.monotonic() < deadline, "the run's tasks stay on the scheduler"
+        time.sleep(0.05)
     _resume_is_exact(job, client, done_chunks(job["out"]))
 
 
