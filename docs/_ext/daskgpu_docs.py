@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import io
+import json
 import os
 import re
 
@@ -154,8 +155,8 @@ class SettingsDirective(SphinxDirective):
             env = "DASK_DASKGPU__" + key.upper().replace("-", "_")
             lines += [f".. setting:: daskgpu.{key}", ""]
             lines += [f"   {_escape(text) or 'See daskgpu/daskgpu.yaml.'}", ""]
-            lines += [f"   :Default: ``{default!r}``".replace("``None``", "``None`` (null)"),
-                      f"   :Environment: ``{env}``", ""]
+            # As the YAML file spells it: false, null, "7.5".
+            lines += [f"   :Default: ``{json.dumps(default)}``", f"   :Environment: ``{env}``", ""]
         return _parse(self, lines)
 
 
@@ -179,7 +180,7 @@ def cli_help() -> list:
 def _capture(main, argv) -> str:
     buffer = io.StringIO()
     columns = os.environ.get("COLUMNS")
-    os.environ["COLUMNS"] = "88"  # argparse wraps to the terminal; the page has 88
+    os.environ["COLUMNS"] = "80"  # argparse wraps to the terminal; the page shows 80
     try:
         with contextlib.redirect_stdout(buffer), contextlib.redirect_stderr(io.StringIO()):
             main(argv)
@@ -212,7 +213,15 @@ def _parse(directive, lines):
     return node.children
 
 
+def _generated_pages(app, env, added, changed, removed):
+    # Their text comes from the code, not from their source files: read them anew on
+    # every build, or an incremental build would show the code as it once was.
+    return [name for name in env.found_docs
+            if name.startswith("reference/") and name != "reference/index"]
+
+
 def setup(app):
+    app.connect("env-get-outdated", _generated_pages)
     app.add_object_type("setting", "setting", objname="daskgpu setting",
                         indextemplate="pair: %s; daskgpu setting")
     app.add_directive("daskgpu-api", APIDirective)
