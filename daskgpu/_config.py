@@ -184,6 +184,28 @@ def _bytes(low):
     return parse
 
 
+def _seconds(optional: bool):
+    wanted = ("a time, in seconds or a string such as \"30s\" or \"5 minutes\""
+              + (", or null for none" if optional else ""))
+
+    def parse(value):
+        if optional and _no_value(value):
+            return None
+        if isinstance(value, bool) or not isinstance(value, int | float | str):
+            raise ValueError(f"it must be {wanted}")
+        if isinstance(value, str):
+            from dask.utils import parse_timedelta
+
+            try:
+                value = parse_timedelta(value.strip(), default="seconds")
+            except (ValueError, KeyError):
+                raise ValueError(f"it must be {wanted}") from None
+        if not 0 < value < float("inf"):
+            raise ValueError(f"it must be {wanted}, more than 0")
+        return float(value)
+    return parse
+
+
 #: Every ``daskgpu.*`` setting and its parser; daskgpu.yaml documents each.
 SETTINGS = {
     "simulate": _bool,
@@ -199,6 +221,8 @@ SETTINGS = {
     "device-pool-bytes": _bytes(0),
     "fuse-chains": _bool,
     "bundle-key": _bundle_key,
+    "launch-timeout": _seconds(optional=True),
+    "cancel-grace": _seconds(optional=False),
 }
 #: Settings whose values no message shows.
 SECRET_SETTINGS = frozenset({"bundle-key"})

@@ -110,3 +110,21 @@ class ContextLostError(CUDAError):
     """
 
     sticky = True
+
+
+class LaunchTimeoutError(ContextLostError):
+    """A task running a launch outlived its time limit (``timeout=``, or the setting
+    ``daskgpu.launch-timeout``). The kernel may still be running, so its worker's
+    process is replaced, as after a lost context.
+
+    Examples
+    --------
+    >>> LaunchTimeoutError("kernel 'spin' did not finish within 1 s").code is None
+    True
+    """
+
+    def __init__(self, message: str):
+        super().__init__(None, message)
+
+    def __reduce__(self):
+        return type(self), (str(self),)

@@ -35,7 +35,8 @@ THIRD_PARTY = {
     "_image": {"numpy"},
     "_runtime": {"numpy", "cuda", "nvtx"},  # nvtx: optional, imported under a profiler
     "_compiler": {"numpy", "numba", "numba_cuda", "llvmlite", "cuda", "cloudpickle"},
-    "_dask": {"numpy", "dask", "distributed", "cupy", "zarr", "tqdm", "prometheus_client"},
+    "_dask": {"numpy", "dask", "distributed", "cupy", "zarr", "tqdm", "prometheus_client",
+              "tornado"},  # tornado: distributed's event loop, for a worker's periodic callback
     "_cli": None,  # the command line may use anything
     "base": {"yaml", "dask"},  # the settings register with dask.config when it is there
 }

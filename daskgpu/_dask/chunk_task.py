@@ -21,7 +21,7 @@ import numpy as np
 
 from daskgpu._bounded import BoundedCache
 from daskgpu._dask.chunk_params import ChunkContext, ChunkParam, array_module, is_cupy
-from daskgpu._runtime import backends
+from daskgpu._runtime import backends, faults
 
 __all__ = ["ChunkLaunch", "Fused", "launches", "run_chunk"]
 
@@ -62,19 +62,25 @@ class ChunkLaunch:
         ``(image hash, backend name)``, the launch cache's key; read once on
         the client, since hashing the PTX again in every task would cost more
         than the cache saves.
+    timeout : float, optional
+        Seconds a task running it may take on a GPU worker (``map_kernel``'s
+        ``timeout=``); None: the worker's ``daskgpu.launch-timeout``.
     """
 
-    __slots__ = ("kernel", "params", "returns", "rank", "tpb", "cupy", "ident")
+    __slots__ = ("kernel", "params", "returns", "rank", "tpb", "cupy", "ident", "timeout")
+    #: A GPU launch, for the placement plugin and the worker's launch watch.
+    daskgpu_launch = True
 
-    def __init__(self, kernel, params, returns, rank, tpb, cupy, ident=None):
+    def __init__(self, kernel, params, returns, rank, tpb, cupy, ident=None, timeout=None):
         self.kernel, self.params, self.returns = kernel, params, returns
         self.rank, self.tpb, self.cupy = rank, tpb, cupy
         image = kernel.images[0]
         self.ident = ident or (image.hash, backends.for_image(image).name)
+        self.timeout = timeout
 
     def __reduce__(self):
         return ChunkLaunch, (self.kernel, self.params, self.returns, self.rank, self.tpb,
-                             self.cupy, self.ident)
+                             self.cupy, self.ident, self.timeout)
 
     def __repr__(self):
         return f"<map_kernel chunk launch of {self.kernel.__name__}>"
@@ -109,15 +115,8 @@ class ChunkLaunch:
         size = math.prod(shape)
         if size:
             ntasks = size if self.rank == 1 else shape
-            try:
+            with faults.in_chunk(self.kernel.__name__, block_id, shape, start):
                 self._launch(ntasks, chain)(*args)
-            except Exception as exc:
-                if hasattr(exc, "add_note"):
-                    exc.add_note(
-                        f"daskgpu.map_kernel: launching {self.kernel.__name__} on chunk "
-                        f"{tuple(block_id)} of shape {shape}, offset {tuple(start)}"
-                    )
-                raise
         return tuple(self.params[i].result(args[i], chunk) for i in self.returns)
 
     def _launch(self, ntasks, chain):
@@ -148,6 +147,7 @@ class Fused:
     """
 
     __slots__ = ("first", "second", "slot", "count")
+    daskgpu_launch = True
 
     def __init__(self, first, second, slot: int, count: int):
         self.first, self.second, self.slot, self.count = first, second, slot, count
@@ -165,6 +165,11 @@ class Fused:
     @property
     def kernel(self):  # the last launch's, for the names of errors and tasks
         return self.second.kernel
+
+    @property
+    def timeout(self):  # the task runs both launches: the longer limit, if both have one
+        limits = (self.first.timeout, self.second.timeout)
+        return None if None in limits else max(limits)
 
     @property
     def cupy(self):

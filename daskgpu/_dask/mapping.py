@@ -49,6 +49,7 @@ from daskgpu._dask.map_keywords import (
 )
 from daskgpu._dask.placement import GPU, LAUNCH_SHARE
 from daskgpu._runtime import backends
+from daskgpu._runtime.launch import check_timeout
 
 __all__ = ["Out", "map_kernel", "offset"]
 
@@ -57,7 +58,7 @@ __all__ = ["Out", "map_kernel", "offset"]
 
 def map_kernel(kernel, *args, depth=None, boundary=None, tpb=0, name=None, grid_ndim=None,
                split_every=None, token=None, dtype=None, meta=None, chunks=None,
-               drop_axis=None, new_axis=None):
+               drop_axis=None, new_axis=None, timeout=None):
     """Launch ``kernel`` once per chunk of dask arrays; return its outputs lazily.
 
     Parameters
@@ -137,6 +138,13 @@ def map_kernel(kernel, *args, depth=None, boundary=None, tpb=0, name=None, grid_
         Not supported, with an error that says why: an aligned output has the
         mapped chunk's axes. A per-chunk output (``dg.Out(per_chunk=shape)``)
         adds axes; combining it along ``axis=`` drops mapped axes.
+    timeout : float, optional
+        The most seconds a chunk's task may run on a GPU worker, in place of
+        the workers' ``daskgpu.launch-timeout``. A task over it fails naming
+        the kernel, the chunk and the limit, and the worker's process is
+        replaced (its nanny starts a fresh one on the same GPU), which frees
+        the GPU of a kernel that would not end; the other tasks that were
+        running on that worker run again elsewhere, as after a lost worker.
 
     Returns
     -------
@@ -252,10 +260,12 @@ def map_kernel(kernel, *args, depth=None, boundary=None, tpb=0, name=None, grid_
         from dask.base import tokenize
 
         name = f"{token or kernel.__name__}-" + tokenize(
-            image.hash, kernel.__name__, args, depth, boundary, int(tpb), rank, simulate)
+            image.hash, kernel.__name__, args, depth, boundary, int(tpb), rank, simulate,
+            timeout)
     name = str(name)
     results = _build_graph(ship, plan, returns, arrays, aligned, out_chunks, rank=rank,
                            tpb=int(tpb), depth=depth, boundary=boundary, name=name,
+                           timeout=check_timeout(timeout),
                            on_gpus=cluster.offers_gpu)
     if chunks is not None:
         check_chunks(chunks, results, plan, returns)
@@ -358,7 +368,7 @@ def _meta_base(arrays):
 
 
 def _build_graph(ship, plan, returns, arrays, aligned, out_chunks, *, rank, tpb, depth,
-                 boundary, name, on_gpus):
+                 boundary, name, on_gpus, timeout=None):
     """One launch task per chunk, on ``da.blockwise``; the results as dask arrays."""
     import dask
     from dask.array.core import broadcast_chunks
@@ -373,7 +383,7 @@ def _build_graph(ship, plan, returns, arrays, aligned, out_chunks, *, rank, tpb,
     block_chunks = broadcast_chunks(*(b.chunks for b in blocks))
     places = _places(block_chunks, out_chunks, halo, left)
     fn = ChunkLaunch(ship, tuple(p.param for p in plan), tuple(r.index for r in returns),
-                     rank, tpb, base is not None)
+                     rank, tpb, base is not None, timeout=timeout)
     task_args = [blocks[source] if isinstance(param, ChunkParam) else source
                  for param, source in plan if param.takes_value]
     if not any(halo) and flag("fuse-chains", True):

@@ -69,13 +69,16 @@ class Launch:
     >>> fut = client.submit(launch, np.empty_like(x), x)  # doctest: +SKIP
     """
 
-    __slots__ = ("kernel", "config", "_fast")
+    __slots__ = ("kernel", "config", "timeout", "_fast")
     #: Marks a GPU launch for the Dask layer's placement, which keeps it on GPU workers.
     daskgpu_launch = True
 
-    def __init__(self, kernel, config: LaunchConfig):
+    def __init__(self, kernel, config: LaunchConfig, timeout: float | None = None):
         self.kernel = kernel
         self.config = config
+        #: Seconds a Dask task running this launch may take before its GPU worker fails
+        #: it and replaces its process; None: the worker's ``daskgpu.launch-timeout``.
+        self.timeout = timeout
         self._fast = None  # the runtime's fast function for repeats of the last launch
 
     def __call__(self, *args):
@@ -104,10 +107,11 @@ class Launch:
             # would bury the fix under its serialization errors, so the task carries a
             # placeholder whose one error names the fix.
             return Uncompiled, (self.kernel.__name__,)
-        return Launch, (self.kernel, self.config)
+        return Launch, (self.kernel, self.config, self.timeout)
 
     def __repr__(self):
-        return f"<Launch {self.kernel.__name__} {self.config!r}>"
+        limit = "" if self.timeout is None else f" timeout={self.timeout:g}s"
+        return f"<Launch {self.kernel.__name__} {self.config!r}{limit}>"
 
     @property
     def __name__(self):  # Dask names tasks after their function
@@ -189,8 +193,13 @@ class LaunchAPI:
         except TypeError:  # e.g. dimensions given as lists
             return make()
 
-    def configure(self, griddim, blockdim, stream=0, sharedmem=0) -> Launch:
+    def configure(self, griddim, blockdim, stream=0, sharedmem=0, timeout=None) -> Launch:
         """A :class:`Launch` of this kernel on ``griddim`` blocks of ``blockdim`` threads.
+
+        ``timeout`` (seconds) bounds a Dask task that runs the launch on a GPU
+        worker, in place of the worker's ``daskgpu.launch-timeout``: over it, the
+        task fails naming the kernel and the limit, and the worker's process is
+        replaced, freeing the GPU of a kernel that would not end.
 
         Examples
         --------
@@ -205,17 +214,18 @@ class LaunchAPI:
         <Launch fill LaunchConfig(griddim=(4, 1, 1), blockdim=(256, 1, 1))>
         """
         def make():
-            return Launch(self, LaunchConfig(griddim, blockdim, stream, sharedmem))
+            return Launch(self, LaunchConfig(griddim, blockdim, stream, sharedmem),
+                          check_timeout(timeout))
 
-        if stream:
+        if stream or timeout is not None:
             return make()
         return self._launch(("grid", griddim, blockdim, sharedmem), make)
 
-    def forall(self, ntasks, tpb=0, stream=0, sharedmem=0) -> Launch:
+    def forall(self, ntasks, tpb=0, stream=0, sharedmem=0, timeout=None) -> Launch:
         """A :class:`Launch` covering ``ntasks`` threads, block size from occupancy.
 
         ``ntasks`` may be a tuple for kernels that use ``cuda.grid(2)`` or
-        ``cuda.grid(3)``.
+        ``cuda.grid(3)``. ``timeout`` as for :meth:`configure`.
 
         Examples
         --------
@@ -231,9 +241,9 @@ class LaunchAPI:
         """
         def make():
             return Launch(self, LaunchConfig(ntasks=ntasks, tpb=tpb, stream=stream,
-                                             sharedmem=sharedmem))
+                                             sharedmem=sharedmem), check_timeout(timeout))
 
-        if stream:
+        if stream or timeout is not None:
             return make()
         return self._launch(("forall", ntasks, tpb, sharedmem), make)
 
@@ -241,3 +251,14 @@ class LaunchAPI:
     def _run(self, image, config, args, infos):
         backends.for_image(image).run(image, config, args, infos)
         return written_result(args, image.writes)
+
+
+def check_timeout(seconds) -> float | None:
+    """A launch's time limit checked: None, or a positive number of seconds."""
+    if seconds is None:
+        return None
+    if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not 0 < seconds:
+        raise LaunchConfigError(
+            f"timeout={seconds!r}: give the most seconds a task running the launch may "
+            "take, a number above 0, or None for the worker's daskgpu.launch-timeout")
+    return float(seconds)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 
 from dask.utils import key_split
 from distributed.diagnostics.plugin import WorkerPlugin
@@ -24,7 +25,13 @@ from distributed.protocol import pickle
 from daskgpu import _config
 from daskgpu._dask.workers import prometheus
 from daskgpu._dask.workers.gpu_time import digest_gpu_time
-from daskgpu._errors import ContextLostError
+from daskgpu._dask.workers.watchdog import (
+    PERIOD,
+    LaunchWatch,
+    launch_of,
+    timeout_message,
+)
+from daskgpu._errors import ContextLostError, LaunchTimeoutError
 from daskgpu._runtime import backends, metrics
 
 logger = logging.getLogger("daskgpu")
@@ -40,6 +47,9 @@ SIMULATED_METRIC = "daskgpu-simulated"
 #: "driver": [13, 0], "linker": [13, 0] or None}`` (None when simulated), so that a
 #: client refuses a map its workers cannot link when it builds the graph.
 DEVICE_METRIC = "daskgpu-device"
+
+#: The worker's periodic callback that looks at running launches (:meth:`GPUWorkerPlugin._look`).
+WATCH_CALLBACK = "daskgpu-launch-watch"
 
 # Seconds the worker keeps running after a task lost the CUDA context, so
 # that the task's error reaches the scheduler before the process goes.
@@ -63,10 +73,15 @@ class GPUWorkerPlugin(WorkerPlugin):
     simulating, fails setup with a :class:`~daskgpu.DeviceError`.
 
     When a task on the worker fails with a
-    :class:`~daskgpu._errors.ContextLostError` (a sticky CUDA error: the
+    :class:`~daskgpu.ContextLostError` (a sticky CUDA error: the
     process's context is unusable), the plugin closes the worker process
     half a second later, after the task's error has gone to the scheduler;
-    its nanny then starts a fresh process.
+    its nanny then starts a fresh process. It does the same for a launch
+    task over its time limit, which it fails with a
+    :class:`~daskgpu.LaunchTimeoutError`, and for a cancelled launch task
+    still running ``daskgpu.cancel-grace`` seconds later
+    (:mod:`~daskgpu._dask.workers.watchdog`): a kernel that will not end
+    holds its GPU until its context is torn down.
 
     From setup to teardown, each launch in a task reports its time by
     activity (``link``, ``copy-in``, ``launch``, ``kernel``, ``copy-out``; see
@@ -104,6 +119,8 @@ class GPUWorkerPlugin(WorkerPlugin):
     _closing = False
     #: The NVTX ranges of running tasks by key, from setup to teardown (on the worker only).
     _ranges = None
+    #: The running launches' time limits and cancellations (on the worker only).
+    _watch = None
 
     def __init__(self):
         #: The device facts recorded by :meth:`setup`; None until it has run.
@@ -123,9 +140,20 @@ class GPUWorkerPlugin(WorkerPlugin):
             prometheus.install(digest_gpu_time)  # before the first launch makes its sinks
             metrics.add_recorder(digest_gpu_time)
         self._ranges = {}  # key -> NVTX range of the task running it
+        self._watch = LaunchWatch.from_config()
+        callbacks = getattr(worker, "periodic_callbacks", None)
+        if isinstance(callbacks, dict) and WATCH_CALLBACK not in callbacks:
+            from tornado.ioloop import PeriodicCallback
+
+            callbacks[WATCH_CALLBACK] = watching = PeriodicCallback(self._look, PERIOD * 1000)
+            watching.start()
 
     def teardown(self, worker):
-        """Stop sending launches' time; close the NVTX ranges still open."""
+        """Stop sending launches' time and watching them; close the NVTX ranges still open."""
+        callbacks = getattr(worker, "periodic_callbacks", None)
+        if isinstance(callbacks, dict) and WATCH_CALLBACK in callbacks:
+            callbacks.pop(WATCH_CALLBACK).stop()
+        self._watch = None
         if self._ranges is None:
             return
         metrics.remove_recorder(digest_gpu_time)
@@ -134,8 +162,8 @@ class GPUWorkerPlugin(WorkerPlugin):
         self._ranges = None
 
     def transition(self, key, start, finish, **kwargs):
-        """Open and close a task's NVTX range; close the worker after a task failed
-        with a lost CUDA context.
+        """Open and close a task's NVTX range; watch a running launch's time and its
+        cancellation; close the worker after a task failed with a lost CUDA context.
 
         Distributed calls this on the worker's event loop for every state
         change of every task; only changes to and from ``"executing"`` and
@@ -143,6 +171,7 @@ class GPUWorkerPlugin(WorkerPlugin):
         """
         if finish == "executing" or start == "executing":
             self._task_range(key, finish == "executing")
+            self._watch_task(key, start, finish)
         if finish != "error" or self._worker is None or self._closing:
             return
         task = self._worker.state.tasks.get(key)
@@ -153,6 +182,51 @@ class GPUWorkerPlugin(WorkerPlugin):
         logger.error("daskgpu: task %r lost the CUDA context (%s); closing worker %s so "
                      "its nanny restarts it", key, task.exception_text, worker.address)
         worker.loop.call_later(_GRACE, _close, worker)
+
+    def _watch_task(self, key, start, finish) -> None:
+        watch, worker = self._watch, self._worker
+        if watch is None or worker is None:
+            return
+        task = worker.state.tasks.get(key)
+        if finish == "executing":
+            launch = launch_of(task.run_spec, worker.data) if task is not None else None
+            if launch is not None:
+                watch.started(key, launch.timeout)
+        elif _still_running(task):  # cancelled while it runs (seen as "released")
+            watch.cancelled(key)
+        else:
+            watch.ended(key)
+
+    def _look(self) -> None:
+        """Fail the launch tasks over their time limit; replace the process whose cancelled
+        launch is still running after the grace period."""
+        watch, worker = self._watch, self._worker
+        if not watch or worker is None or self._closing:
+            return
+        for key, limit in watch.overdue():
+            watch.ended(key)
+            task = worker.state.tasks.get(key)
+            if task is None or task.state != "executing":
+                continue
+            # Raised into the task's state, not its thread, which may never return; the
+            # error's transition then closes the worker, as for a lost context.
+            from distributed.worker_state_machine import ExecuteFailureEvent
+
+            worker.handle_stimulus(ExecuteFailureEvent.from_exception(
+                LaunchTimeoutError(timeout_message(key, limit)), key=key, run_id=task.run_id,
+                start=task.start_time, stop=time.time(),
+                stimulus_id=f"daskgpu-launch-timeout-{time.time()}"))
+        for key in watch.stuck():
+            if not _still_running(worker.state.tasks.get(key)):
+                watch.ended(key)  # its thread returned within the grace after all
+        stuck = watch.stuck()
+        if stuck and not self._closing:
+            self._closing = True
+            logger.error("daskgpu: cancelled launch task(s) %s still run %.3g s after being "
+                         "cancelled (daskgpu.cancel-grace); closing worker %s so its nanny "
+                         "starts a fresh process and the GPU is free", stuck, watch.grace,
+                         worker.address)
+            worker.loop.call_later(0, _close, worker)
 
     def _task_range(self, key, started: bool) -> None:
         """An NVTX range over a task's run, named after its key's prefix (a bounded set
@@ -172,6 +246,7 @@ class GPUWorkerPlugin(WorkerPlugin):
         state.pop("_worker", None)  # the worker stays where it is
         state.pop("_closing", None)
         state.pop("_ranges", None)
+        state.pop("_watch", None)
         return state
 
     def __repr__(self):
@@ -258,6 +333,11 @@ def device_info(dask_worker=None) -> dict:
         if isinstance(plugin, GPUWorkerPlugin) and plugin.info is not None:
             return dict(plugin.info)
     return _probe(warm=False)
+
+
+def _still_running(task) -> bool:
+    """Whether a worker's task was cancelled while its thread runs on."""
+    return task is not None and task.state == "cancelled" and task.previous == "executing"
 
 
 def _device_versions(worker) -> dict | None:

@@ -1,0 +1,125 @@
+"""Launches that will not end: time limits and cancellation on a GPU worker.
+
+A Dask task cannot be interrupted once it runs, and a thread waiting for a
+CUDA kernel cannot be made to stop; only tearing down the process's CUDA
+context frees the GPU. :class:`LaunchWatch` keeps, for each task running a
+launch on its worker, when it started and its limit: the launch's own
+``timeout`` (``map_kernel(timeout=)``, ``kernel.configure(..., timeout=)``),
+else the worker's ``daskgpu.launch-timeout``. Four times a second
+(:data:`PERIOD`) it is asked what is overdue:
+
+- a task over its limit fails at once, with one line naming the kernel, the
+  chunk and the limit (:class:`~daskgpu.LaunchTimeoutError`, raised into the task's
+  state, not its thread), and the worker's process is replaced;
+- a running launch task that was cancelled (``future.cancel()``,
+  ``client.cancel``) and is still running ``daskgpu.cancel-grace`` later has
+  its worker's process replaced.
+
+The process is replaced as after a lost CUDA context: the worker closes, its
+nanny starts a fresh one on the same GPU with the same plugin, and the other
+tasks that were running on it run again, as after a lost worker.
+"""
+
+from __future__ import annotations
+
+import time
+
+from dask.utils import key_split
+
+from daskgpu import _config
+from daskgpu._dask.placement import is_launch
+
+__all__ = ["PERIOD", "LaunchWatch", "launch_of", "timeout_message"]
+
+#: Seconds between two looks at the running launches.
+PERIOD = 0.25
+
+
+class LaunchWatch:
+    """The launch tasks running on one worker, each with its start and time limit.
+
+    Examples
+    --------
+    >>> watch = LaunchWatch(default_limit=None, grace=2.0)
+    >>> watch.started("k", 1.0, now=10.0)
+    >>> watch.overdue(now=10.5), watch.overdue(now=11.5)
+    ([], [('k', 1.0)])
+    >>> watch.cancelled("k", now=11.6)
+    >>> watch.stuck(now=12.0), watch.stuck(now=13.7)
+    ([], ['k'])
+    """
+
+    def __init__(self, default_limit: float | None, grace: float):
+        self.default_limit = default_limit
+        self.grace = grace
+        self._running = {}  # key -> (start, limit or None)
+        self._cancelled = {}  # key -> when it was cancelled
+
+    def started(self, key, limit: float | None, now: float | None = None) -> None:
+        limit = self.default_limit if limit is None else limit
+        self._running[key] = (time.monotonic() if now is None else now, limit)
+
+    def cancelled(self, key, now: float | None = None) -> None:
+        if key in self._running:
+            self._cancelled[key] = time.monotonic() if now is None else now
+
+    def ended(self, key) -> None:
+        self._running.pop(key, None)
+        self._cancelled.pop(key, None)
+
+    def overdue(self, now: float | None = None) -> list:
+        """``(key, limit)`` of each task over its limit, not yet cancelled."""
+        now = time.monotonic() if now is None else now
+        return [(key, limit) for key, (start, limit) in self._running.items()
+                if limit is not None and now - start > limit and key not in self._cancelled]
+
+    def stuck(self, now: float | None = None) -> list:
+        """Keys of cancelled tasks still running ``grace`` seconds after they were cancelled."""
+        now = time.monotonic() if now is None else now
+        return [key for key, when in self._cancelled.items() if now - when > self.grace]
+
+    def __bool__(self):
+        return bool(self._running)
+
+    @classmethod
+    def from_config(cls) -> LaunchWatch:
+        return cls(_config.get("launch-timeout"), _config.get("cancel-grace"))
+
+
+def launch_of(run_spec, data) -> object | None:
+    """The launch a task's spec runs (a ``Launch``, ``ChunkLaunch`` or fused pair), read
+    through references to keys held in ``data`` (a map's launch is a key of its own);
+    None when the task runs none."""
+    return _find(run_spec, data, 0)
+
+
+def _find(node, data, depth):
+    if depth > 6:
+        return None
+    if is_launch(node) and hasattr(node, "timeout"):
+        return node
+    key = getattr(node, "key", None)
+    if key is not None and not hasattr(node, "func") and key in data:  # a TaskRef
+        found = data[key]
+        return found if is_launch(found) and hasattr(found, "timeout") else None
+    if hasattr(node, "value") and not hasattr(node, "func"):  # a DataNode
+        return _find(node.value, data, depth + 1)
+    func = getattr(node, "func", None)
+    if func is not None:
+        found = _find(func, data, depth + 1)
+        if found is not None:
+            return found
+        for arg in (*getattr(node, "args", ()), *(getattr(node, "kwargs", None) or {}).values()):
+            found = _find(arg, data, depth + 1)
+            if found is not None:
+                return found
+    return None
+
+
+def timeout_message(key, limit: float) -> str:
+    """The one line of a task that outlived its limit: the kernel, the chunk, the limit."""
+    kernel = key_split(key)
+    chunk = f" on chunk {tuple(key[1:])}" if isinstance(key, tuple) and len(key) > 1 else ""
+    return (f"kernel {kernel!r}{chunk} did not finish within its time limit of {limit:g} s "
+            "(timeout=, or daskgpu.launch-timeout); the worker's process is replaced to free "
+            "its GPU, and its other tasks run again")
