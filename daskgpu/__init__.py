@@ -53,6 +53,7 @@ _LAZY = {
     "load": "daskgpu._runtime.kernel_files",
     "run_batch": "daskgpu._dask.batch",
     "BatchReport": "daskgpu._dask.batch",
+    "BatchProgress": "daskgpu._dask.batch",
     "BatchError": "daskgpu._dask.batch",
 }
 
@@ -74,6 +75,7 @@ def __dir__():
 
 __all__ = [
     "BatchError",
+    "BatchProgress",
     "BatchReport",
     "BundleError",
     "CUDAError",

@@ -30,10 +30,10 @@ GROUPS = {
     "Mapping over dask arrays": ["map_kernel", "Out", "offset", "random_states"],
     "Clusters and workers": ["LocalGPUCluster", "GPUWorkerPlugin", "device_info"],
     "Kernel files": ["save", "load", "PTXKernel", "KernelImage"],
-    "Batch jobs": ["run_batch", "BatchReport"],
+    "Batch jobs": ["run_batch", "BatchReport", "BatchProgress"],
     "Errors": ["DaskGPUError", "BatchError", "BundleError", "CompileError", "ConfigError",
                "ContextLostError", "CUDAError", "DeviceError", "LaunchConfigError",
-               "LinkError", "PTXVersionError", "PicklingError"],
+               "LaunchTimeoutError", "LinkError", "PTXVersionError", "PicklingError"],
     "Version": ["__version__"],
 }
 

@@ -44,7 +44,7 @@ from daskgpu._dask.batch.store import ChunkCheck, ChunkWriter, check_no_overlap,
 from daskgpu._errors import BatchError, CompileError
 from daskgpu._runtime import backends
 
-__all__ = ["BatchReport", "local_client", "run_batch"]
+__all__ = ["BatchReport", "batch_kernel", "local_client", "run_batch"]
 
 
 # -- running --------------------------------------------------------------------
@@ -63,8 +63,11 @@ def run_batch(kernel, inputs, outputs, *, scalars=(), order=None, chunks=None, c
 
     Parameters
     ----------
-    kernel : Kernel or PTXKernel
-        A kernel from :func:`daskgpu.jit` or :func:`daskgpu.load`.
+    kernel : Kernel, PTXKernel, function, numba.cuda.jit dispatcher or path
+        What ``daskgpu batch`` takes: a kernel from :func:`daskgpu.jit` or
+        :func:`daskgpu.load`, a plain function in Numba's CUDA dialect
+        (compiled for the inputs' dtypes), a ``numba.cuda.jit`` dispatcher,
+        or the path of a kernel bundle (``.dgk``).
     inputs : sequence of path
         Zarr arrays or ``.npy`` files, all of one shape, in this machine's
         byte order, resolved against this process's working directory. The
@@ -139,6 +142,7 @@ def run_batch(kernel, inputs, outputs, *, scalars=(), order=None, chunks=None, c
     from daskgpu import _config
 
     progress = as_progress(progress)
+    kernel = batch_kernel(kernel)
     for name, value, low in (("retries", retries, 0), ("max_chunks", max_chunks, 0)):
         if value is not None and (isinstance(value, bool)
                                   or not isinstance(value, numbers.Integral) or value < low):
@@ -176,6 +180,39 @@ def run_batch(kernel, inputs, outputs, *, scalars=(), order=None, chunks=None, c
             exc.add_note(f"daskgpu batch interrupted: {job.written()}/{len(job.grid)} "
                          "chunks written; run the same job again to compute only the rest")
         raise
+
+
+def batch_kernel(kernel):
+    """A daskgpu kernel from what ``daskgpu batch`` takes: a kernel, a plain function
+    (compiled lazily, for the inputs' dtypes), a ``numba.cuda.jit`` dispatcher, or the
+    path of a kernel bundle.
+
+    Examples
+    --------
+    >>> from numba import cuda
+    >>> def double(out, x):
+    ...     i = cuda.grid(1)
+    ...     if i < out.size:
+    ...         out[i] = 2 * x[i]
+    >>> batch_kernel(double)
+    <daskgpu.Kernel double signatures=[]>
+    """
+    import inspect
+    import os
+
+    if isinstance(kernel, str | os.PathLike):
+        from daskgpu._runtime.kernel_files import load
+
+        return load(kernel)
+    if hasattr(kernel, "py_func") and hasattr(kernel, "targetoptions"):  # numba.cuda.jit
+        from daskgpu._compiler.kernel import kernel as from_numba
+
+        return from_numba(kernel)
+    if inspect.isfunction(kernel):
+        from daskgpu._compiler.kernel import jit
+
+        return jit(kernel)
+    return kernel
 
 
 def local_client(stack, devices=None, simulate=None):

@@ -295,3 +295,32 @@ def test_cli_interrupted_by_ctrl_c_loses_and_repeats_nothing(client, tmp_path):
     assert set(report.skipped) == before
     assert set(report.computed) == set(np.ndindex(20)) - before
     np.testing.assert_array_equal(zarr.open_array(out, mode="r")[:], 2 * x + y)
+
+
+# -- what daskgpu batch takes, run_batch takes -----------------------------------
+def plain_saxpy(out, a, x, y):
+    """A plain function in Numba's CUDA dialect, as a kernels.py for daskgpu batch has it."""
+    i = cuda.grid(1)
+    if i < out.size:
+        out[i] = a * x[i] + y[i]
+
+
+def test_run_batch_takes_a_plain_function_and_a_numba_kernel(client, saxpy_job, tmp_path):
+    # A plain function failed with "'function' object has no attribute 'select_image'".
+    for i, kernel in enumerate([plain_saxpy, cuda.jit(plain_saxpy)]):
+        output = str(tmp_path / f"z{i}.zarr")
+        report = run_batch(kernel, saxpy_job["inputs"], [(output, np.float32)],
+                           scalars=saxpy_job["scalars"], client=client, progress=False)
+        assert report.complete, kernel
+        np.testing.assert_allclose(zarr.open_array(output, mode="r")[:],
+                                   saxpy_job["expected"], rtol=1e-6)
+
+
+def test_run_batch_takes_a_bundle_path_and_says_a_simulator_cannot_run_it(client, saxpy_job,
+                                                                         tmp_path):
+    bundle = str(tmp_path / "saxpy.dgk")
+    dg.save(saxpy, bundle)
+    # Simulated here: a bundle is PTX only, and the refusal names the kernel it loaded.
+    with pytest.raises(BatchError, match="kernel 'saxpy' is PTX only"):
+        run_batch(bundle, saxpy_job["inputs"], [(str(tmp_path / "z.zarr"), np.float32)],
+                  scalars=saxpy_job["scalars"], client=client, progress=False)
