@@ -184,6 +184,14 @@ def _bytes(low):
     return parse
 
 
+def _optional_bytes(low):
+    parse_bytes = _bytes(low)
+
+    def parse(value):
+        return None if _no_value(value) else parse_bytes(value)
+    return parse
+
+
 def _seconds(optional: bool):
     wanted = ("a time, in seconds or a string such as \"30s\" or \"5 minutes\""
               + (", or null for none" if optional else ""))
@@ -222,6 +230,8 @@ SETTINGS = {
     "fuse-chains": _bool,
     "bundle-key": _bundle_key,
     "launch-timeout": _seconds(optional=True),
+    "device-memory": _optional_bytes(1),
+    "device-memory-margin": _bytes(0),
     "cancel-grace": _seconds(optional=False),
 }
 #: Settings whose values no message shows.

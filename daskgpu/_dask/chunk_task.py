@@ -65,22 +65,28 @@ class ChunkLaunch:
     timeout : float, optional
         Seconds a task running it may take on a GPU worker (``map_kernel``'s
         ``timeout=``); None: the worker's ``daskgpu.launch-timeout``.
+    device_bytes : int
+        The device memory the largest chunk's launch needs (inputs copied in,
+        outputs), which its task asks of its worker's ``GPU-memory``.
     """
 
-    __slots__ = ("kernel", "params", "returns", "rank", "tpb", "cupy", "ident", "timeout")
+    __slots__ = ("kernel", "params", "returns", "rank", "tpb", "cupy", "ident", "timeout",
+                 "device_bytes")
     #: A GPU launch, for the placement plugin and the worker's launch watch.
     daskgpu_launch = True
 
-    def __init__(self, kernel, params, returns, rank, tpb, cupy, ident=None, timeout=None):
+    def __init__(self, kernel, params, returns, rank, tpb, cupy, ident=None, timeout=None,
+                 device_bytes=0):
         self.kernel, self.params, self.returns = kernel, params, returns
         self.rank, self.tpb, self.cupy = rank, tpb, cupy
         image = kernel.images[0]
         self.ident = ident or (image.hash, backends.for_image(image).name)
         self.timeout = timeout
+        self.device_bytes = device_bytes
 
     def __reduce__(self):
         return ChunkLaunch, (self.kernel, self.params, self.returns, self.rank, self.tpb,
-                             self.cupy, self.ident, self.timeout)
+                             self.cupy, self.ident, self.timeout, self.device_bytes)
 
     def __repr__(self):
         return f"<map_kernel chunk launch of {self.kernel.__name__}>"
@@ -165,6 +171,10 @@ class Fused:
     @property
     def kernel(self):  # the last launch's, for the names of errors and tasks
         return self.second.kernel
+
+    @property
+    def device_bytes(self):  # both launches' arrays, the intermediate among them, at once
+        return self.first.device_bytes + self.second.device_bytes
 
     @property
     def timeout(self):  # the task runs both launches: the longer limit, if both have one

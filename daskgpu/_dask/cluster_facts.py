@@ -13,13 +13,13 @@ import time
 from typing import NamedTuple
 
 from daskgpu._bounded import BoundedCache
-from daskgpu._dask.placement import GPU, ensure_placement
+from daskgpu._dask.placement import GPU, GPU_MEMORY, ensure_placement
 from daskgpu._dask.workers.plugin import DEVICE_METRIC, SIMULATED_METRIC
 from daskgpu._errors import PTXVersionError
 from daskgpu._image.ptx import max_ptx_isa, ptx_isa_version
 
-__all__ = ["ClusterFacts", "check_workers_link", "cluster_facts", "gpu_clusters",
-           "workers_info"]
+__all__ = ["ClusterFacts", "check_chunk_fits", "check_workers_link", "cluster_facts",
+           "gpu_clusters", "workers_info"]
 
 
 def workers_info(client) -> dict:
@@ -41,6 +41,8 @@ class ClusterFacts(NamedTuple):
     #: ``(address, device versions)`` of each GPU worker, as its plugin reports them
     #: (:data:`~daskgpu._dask.workers.plugin.DEVICE_METRIC`).
     devices: tuple = ()
+    #: The most ``GPU-memory`` any worker offers, in bytes; 0 when none offers it.
+    gpu_memory: int = 0
 
 
 #: What each cluster with GPU workers offers, by scheduler address (client side),
@@ -63,7 +65,9 @@ def _facts(workers: dict) -> ClusterFacts:
         offers_gpu=any((w.get("resources") or {}).get(GPU) for w in workers.values()),
         simulates=any(m.get(SIMULATED_METRIC) for m in metrics.values()),
         devices=tuple((address, m[DEVICE_METRIC]) for address, m in sorted(metrics.items())
-                      if m.get(DEVICE_METRIC)))
+                      if m.get(DEVICE_METRIC)),
+        gpu_memory=max((int((w.get("resources") or {}).get(GPU_MEMORY, 0))
+                        for w in workers.values()), default=0))
 
 
 def cluster_facts() -> ClusterFacts:
@@ -82,7 +86,7 @@ def cluster_facts() -> ClusterFacts:
     Examples
     --------
     >>> cluster_facts()  # no client here
-    ClusterFacts(offers_gpu=False, simulates=False, devices=())
+    ClusterFacts(offers_gpu=False, simulates=False, devices=(), gpu_memory=0)
     """
     if "distributed" not in sys.modules:  # no client can be current
         return ClusterFacts()
@@ -164,3 +168,24 @@ def _why_not(image, versions) -> str:
     newest = ".".join(map(str, max_ptx_isa(tuple(reader))))
     return (f"PTX ISA {isa[0]}.{isa[1]}, but its {what} {'.'.join(map(str, reader))} reads "
             f"up to {newest}")
+
+
+def check_chunk_fits(device_bytes: int, kernel_name: str, facts: ClusterFacts) -> None:
+    """Refuse a map whose largest chunk needs more device memory than any worker offers.
+
+    Examples
+    --------
+    >>> check_chunk_fits(2**30, "saxpy", ClusterFacts(True, gpu_memory=2**31))
+    >>> check_chunk_fits(2**32, "saxpy", ClusterFacts(True, gpu_memory=2**31))
+    Traceback (most recent call last):
+    ...
+    ValueError: kernel 'saxpy' needs 4.00 GiB of device memory for its largest chunk, ...
+    """
+    if facts.gpu_memory and device_bytes > facts.gpu_memory:
+        from dask.utils import format_bytes
+
+        raise ValueError(
+            f"kernel {kernel_name!r} needs {format_bytes(device_bytes)} of device memory for "
+            f"its largest chunk (its inputs copied in and its outputs), more than any GPU "
+            f"worker offers ({format_bytes(facts.gpu_memory)} of GPU-memory); use smaller "
+            "chunks (x.rechunk(...)), or raise daskgpu.device-memory on the workers")

@@ -28,7 +28,7 @@ from daskgpu._dask.arg_kinds import check_extras, classify
 from daskgpu._dask.arguments import Out, mapped_rank, offset
 from daskgpu._dask.chunk_params import ChunkParam, ChunkPlaces, OutParam, PerChunkParam, is_cupy
 from daskgpu._dask.chunk_task import ChunkLaunch, run_chunk
-from daskgpu._dask.cluster_facts import check_workers_link, cluster_facts
+from daskgpu._dask.cluster_facts import check_chunk_fits, check_workers_link, cluster_facts
 from daskgpu._dask.launch_plan import (
     ChainLink,
     chains,
@@ -47,7 +47,7 @@ from daskgpu._dask.map_keywords import (
     output_dtype,
     resolve_outs,
 )
-from daskgpu._dask.placement import GPU, LAUNCH_SHARE
+from daskgpu._dask.placement import GPU, GPU_MEMORY, LAUNCH_SHARE
 from daskgpu._runtime import backends
 from daskgpu._runtime.launch import check_timeout
 
@@ -265,8 +265,8 @@ def map_kernel(kernel, *args, depth=None, boundary=None, tpb=0, name=None, grid_
     name = str(name)
     results = _build_graph(ship, plan, returns, arrays, aligned, out_chunks, rank=rank,
                            tpb=int(tpb), depth=depth, boundary=boundary, name=name,
-                           timeout=check_timeout(timeout),
-                           on_gpus=cluster.offers_gpu)
+                           timeout=check_timeout(timeout), cluster=cluster,
+                           kernel_name=kernel.__name__)
     if chunks is not None:
         check_chunks(chunks, results, plan, returns)
     return _combined(results, plan, returns, len(out_chunks), split_every, name)
@@ -368,7 +368,7 @@ def _meta_base(arrays):
 
 
 def _build_graph(ship, plan, returns, arrays, aligned, out_chunks, *, rank, tpb, depth,
-                 boundary, name, on_gpus, timeout=None):
+                 boundary, name, cluster, kernel_name, timeout=None):
     """One launch task per chunk, on ``da.blockwise``; the results as dask arrays."""
     import dask
     from dask.array.core import broadcast_chunks
@@ -382,10 +382,12 @@ def _build_graph(ship, plan, returns, arrays, aligned, out_chunks, *, rank, tpb,
     # output chunk would double the graph and the scheduler's work.
     block_chunks = broadcast_chunks(*(b.chunks for b in blocks))
     places = _places(block_chunks, out_chunks, halo, left)
-    fn = ChunkLaunch(ship, tuple(p.param for p in plan), tuple(r.index for r in returns),
-                     rank, tpb, base is not None, timeout=timeout)
     task_args = [blocks[source] if isinstance(param, ChunkParam) else source
                  for param, source in plan if param.takes_value]
+    need = _device_bytes(plan, task_args, block_chunks, on_device=base is not None)
+    check_chunk_fits(need, kernel_name, cluster)
+    fn = ChunkLaunch(ship, tuple(p.param for p in plan), tuple(r.index for r in returns),
+                     rank, tpb, base is not None, timeout=timeout, device_bytes=need)
     if not any(halo) and flag("fuse-chains", True):
         fn, task_args = fuse(fn, task_args, plan, arrays, blocks, block_chunks)
 
@@ -398,7 +400,8 @@ def _build_graph(ship, plan, returns, arrays, aligned, out_chunks, *, rank, tpb,
     per_chunk = [plan[r.index].param.shape if isinstance(plan[r.index].param, PerChunkParam)
                  else None for r in returns]
     # Kept through blockwise fusion; the scheduler's placement plugin covers the rest.
-    with dask.annotate(resources={GPU: LAUNCH_SHARE}) if on_gpus else nullcontext():
+    asks = {GPU: LAUNCH_SHARE, **({GPU_MEMORY: fn.device_bytes} if cluster.gpu_memory else {})}
+    with dask.annotate(resources=asks) if cluster.offers_gpu else nullcontext():
         if len(returns) == 1:
             meta = meta_of(returns[0].dtype, ndim + len(per_chunk[0] or ()))
             results = [_launches(fn, task_args, places, name, meta, per_chunk[0])]
@@ -418,6 +421,36 @@ def _build_graph(ship, plan, returns, arrays, aligned, out_chunks, *, rank, tpb,
         chains.put(results[0].name, ChainLink(results[0], fn, task_args,
                                               plan[returns[0].index].param.layout))
     return results[0] if len(results) == 1 else tuple(results)
+
+
+def _device_bytes(plan, task_args, block_chunks, on_device: bool) -> int:
+    """The device memory the largest chunk's launch needs, in bytes: its chunks and whole
+    arrays copied in (CuPy chunks are there already), and its outputs.
+
+    Examples
+    --------
+    >>> import dask.array as da
+    >>> x = da.ones(1000, chunks=400, dtype="f4")
+    >>> plan = [(OutParam("f4", "C"), None), (ChunkParam("C", written=False), 0)]
+    >>> _device_bytes(plan, [x], x.chunks, on_device=False)  # 400 floats in, 400 out
+    3200
+    """
+    import dask.array as da
+
+    largest = math.prod(max(c, default=0) for c in block_chunks)
+    total = 0
+    for arg in task_args:
+        if isinstance(arg, da.Array):
+            if not on_device:
+                total += math.prod(max(c, default=0) for c in arg.chunks) * arg.dtype.itemsize
+        elif isinstance(arg, np.ndarray):
+            total += arg.nbytes
+    for param, _ in plan:
+        if isinstance(param, PerChunkParam):
+            total += math.prod(param.shape) * np.dtype(param.dtype).itemsize
+        elif isinstance(param, OutParam):
+            total += largest * np.dtype(param.dtype).itemsize
+    return int(total)
 
 
 def _launches(fn, task_args, places, name, meta, per_chunk=None):

@@ -28,8 +28,8 @@ from distributed.diagnostics.plugin import SchedulerPlugin
 
 from daskgpu._bounded import BoundedCache
 
-__all__ = ["GPU", "GPUPlacement", "LAUNCH_SHARE", "ensure_placement", "is_launch",
-           "runs_launch"]
+__all__ = ["GPU", "GPUPlacement", "GPU_MEMORY", "LAUNCH_SHARE", "device_bytes",
+           "ensure_placement", "is_launch", "launch_nodes", "memory_offer", "runs_launch"]
 
 logger = logging.getLogger("daskgpu")
 
@@ -44,6 +44,33 @@ GPU = "GPU"
 #: scheduler's sums of it are exact.
 LAUNCH_SHARE = 2.0 ** -10
 
+#: The resource a GPU worker offers as its device's memory, in bytes
+#: (:func:`memory_offer`); a launch asks for what its chunk needs on the device.
+GPU_MEMORY = "GPU-memory"
+
+
+def memory_offer(total: int | None, simulated: bool) -> int | None:
+    """The ``GPU-memory`` a worker offers: ``daskgpu.device-memory`` when set, else its
+    device's ``total`` less ``daskgpu.device-memory-margin``; simulated, only the setting
+    (None: no offer, so launches are not sized).
+
+    Examples
+    --------
+    >>> memory_offer(141 * 2**30, simulated=False) == 139 * 2**30
+    True
+    >>> memory_offer(None, simulated=True) is None
+    True
+    """
+    from daskgpu import _config
+
+    given = _config.get("device-memory")
+    if given is not None:
+        return given
+    if simulated or not total:
+        return None
+    return max(int(total) - _config.get("device-memory-margin"), 0)
+
+
 #: Deep enough for a blockwise-fused task inside a low-level fused one.
 _MAX_DEPTH = 6
 
@@ -55,20 +82,75 @@ def is_launch(func) -> bool:
 
 def runs_launch(node, depth: int = 0) -> bool:
     """Whether the task spec ``node`` runs a daskgpu launch, also inside fused subgraphs."""
+    return next(launch_nodes(node, depth), None) is not None
+
+
+def launch_nodes(node, depth: int = 0):
+    """The task specs within ``node`` whose callable is a daskgpu launch."""
     if depth > _MAX_DEPTH:
-        return False
+        return
     func = getattr(node, "func", None)
     if func is not None:
         if is_launch(func) or is_launch(getattr(func, "func", None)):  # functools.partial
-            return True
+            yield node
+            return
         args = getattr(node, "args", ())
         kwargs = getattr(node, "kwargs", None) or {}
-        return any(runs_launch(a, depth + 1) for a in (*args, *kwargs.values()))
-    if isinstance(node, dict):
-        return any(runs_launch(v, depth + 1) for v in node.values())
-    if isinstance(node, (tuple, list)):
-        return any(runs_launch(v, depth + 1) for v in node)
-    return False
+        for a in (*args, *kwargs.values()):
+            yield from launch_nodes(a, depth + 1)
+    elif isinstance(node, dict):
+        for v in node.values():
+            yield from launch_nodes(v, depth + 1)
+    elif isinstance(node, (tuple, list)):
+        for v in node:
+            yield from launch_nodes(v, depth + 1)
+
+
+def device_bytes(node, tasks) -> int:
+    """The device memory the launches of the task spec ``node`` ask for, in bytes.
+
+    A ``map_kernel`` launch carries what its largest chunk needs, worked out
+    when the graph was built (``device_bytes`` of its ``ChunkLaunch``, read
+    through the map's launch key in ``tasks``, the scheduler's tasks, when
+    it is not in the task). A ``client.submit`` launch asks for its
+    arguments' bytes: arrays in the task, and the futures it reads, by their
+    size on the scheduler. 0 when nothing is known.
+    """
+    total = 0
+    for launch in launch_nodes(node):
+        func = launch.func
+        args = getattr(launch, "args", ())
+        known = getattr(func, "device_bytes", None)
+        if known is None and args and not hasattr(func, "config"):  # run_chunk(launch, ...)
+            known = getattr(_value(args[0], tasks), "device_bytes", None)
+        if known is not None:
+            total += known
+            continue
+        for a in args:  # a Launch, submitted with its arguments
+            value = _value(a, tasks, sized=True)
+            total += max(int(getattr(value, "nbytes", 0) or 0), 0)
+    return total
+
+
+class _Sized:
+    __slots__ = ("nbytes",)
+
+    def __init__(self, nbytes):
+        self.nbytes = nbytes
+
+
+def _value(node, tasks, sized=False):
+    """``node``'s value where the scheduler holds it: inline, or the spec of the key it
+    names; with ``sized``, a computed key's size."""
+    key = getattr(node, "key", None)
+    if key is not None and not hasattr(node, "func") and key in tasks:  # a reference
+        ts = tasks[key]
+        if sized:
+            return _Sized(ts.nbytes)
+        node = ts.run_spec
+    while hasattr(node, "value") and not hasattr(node, "func"):  # a DataNode
+        node = node.value
+    return node
 
 
 class GPUPlacement(SchedulerPlugin):
@@ -93,12 +175,17 @@ class GPUPlacement(SchedulerPlugin):
     def update_graph(self, scheduler, *, tasks, **kwargs) -> None:
         if not scheduler.resources.get(GPU):
             return
+        by_memory = bool(scheduler.resources.get(GPU_MEMORY))
         for key in tasks:
             ts = scheduler.tasks.get(key)
             if ts is None or ts.run_spec is None or not runs_launch(ts.run_spec):
                 continue
             restrictions = dict(ts.resource_restrictions or {})
             restrictions[GPU] = max(restrictions.get(GPU, 0), LAUNCH_SHARE)
+            if by_memory:
+                need = device_bytes(ts.run_spec, scheduler.tasks)
+                if need:
+                    restrictions[GPU_MEMORY] = max(restrictions.get(GPU_MEMORY, 0), need)
             ts.resource_restrictions = restrictions
 
 

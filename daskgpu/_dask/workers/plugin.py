@@ -23,6 +23,7 @@ from distributed.diagnostics.plugin import WorkerPlugin
 from distributed.protocol import pickle
 
 from daskgpu import _config
+from daskgpu._dask.placement import GPU_MEMORY, memory_offer
 from daskgpu._dask.workers import prometheus
 from daskgpu._dask.workers.gpu_time import digest_gpu_time
 from daskgpu._dask.workers.watchdog import (
@@ -141,12 +142,34 @@ class GPUWorkerPlugin(WorkerPlugin):
             metrics.add_recorder(digest_gpu_time)
         self._ranges = {}  # key -> NVTX range of the task running it
         self._watch = LaunchWatch.from_config()
+        self._offer_memory(worker)
         callbacks = getattr(worker, "periodic_callbacks", None)
         if isinstance(callbacks, dict) and WATCH_CALLBACK not in callbacks:
             from tornado.ioloop import PeriodicCallback
 
             callbacks[WATCH_CALLBACK] = watching = PeriodicCallback(self._look, PERIOD * 1000)
             watching.start()
+
+    def _offer_memory(self, worker) -> None:
+        """Offer the device's memory as the ``GPU-memory`` resource, so that launches running
+        at once never ask for more than the device has; done once the facts are known."""
+        offer = memory_offer(self.info["total_memory"], self.info["simulated"])
+        if offer is None or not hasattr(worker, "set_resources"):
+            return
+        state = worker.state
+        if state.total_resources.get(GPU_MEMORY) == offer:
+            return
+        if getattr(worker, "contact_address", None) is None:
+            # Not registered yet (a plugin the worker was made with): its registration
+            # tells the scheduler its resources, this one included.
+            state.available_resources[GPU_MEMORY] = offer
+            state.total_resources[GPU_MEMORY] = offer
+            return
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:  # set up outside the worker's event loop (a test)
+            return
+        asyncio.ensure_future(worker.set_resources(**{GPU_MEMORY: offer}))
 
     def teardown(self, worker):
         """Stop sending launches' time and watching them; close the NVTX ranges still open."""
@@ -337,7 +360,8 @@ def device_info(dask_worker=None) -> dict:
 
 def _still_running(task) -> bool:
     """Whether a worker's task was cancelled while its thread runs on."""
-    return task is not None and task.state == "cancelled" and task.previous == "executing"
+    return (getattr(task, "state", None) == "cancelled"
+            and getattr(task, "previous", None) == "executing")
 
 
 def _device_versions(worker) -> dict | None:
