@@ -38,10 +38,10 @@ def client():
 SKEW = 0.1
 
 
-def _most_at_once(stream) -> int:
-    """The most launch tasks of ``stream`` that ran at the same time."""
+def _most_at_once(stream, name="double-") -> int:
+    """The most launch tasks of ``stream`` (keys with ``name``) that ran at the same time."""
     spans = [(s["start"] + SKEW, s["stop"] - SKEW) for t in stream
-             if "double-" in str(t["key"]) for s in t["startstops"]
+             if name in str(t["key"]) for s in t["startstops"]
              if s["action"] == "compute" and s["stop"] - s["start"] > 2 * SKEW]
     edges = sorted([(a, 1) for a, _ in spans] + [(b, -1) for _, b in spans])
     most = now = 0
@@ -121,6 +121,16 @@ def test_a_gpu_worker_offers_its_device_less_the_margin():
     assert backends.GPU.memory()[1] == facts["total_memory"]
 
 
+@dg.jit("void(float32[::1], float32[::1], int32)")
+def slow_double(out, x, ms):
+    # Takes ms milliseconds on the device whatever the chunk: tasks long enough to overlap.
+    i = cuda.grid(1)
+    for _ in range(ms):
+        cuda.nanosleep(1000000)
+    if i < out.size:
+        out[i] = 2 * x[i]
+
+
 @pytest.mark.gpu
 def test_on_a_gpu_large_chunks_run_one_at_a_time_and_small_ones_four_at_a_time():
     # A 1 GiB offer; each large chunk needs 640 MB on the device (320 MB in, 320 MB out).
@@ -130,14 +140,12 @@ def test_on_a_gpu_large_chunks_run_one_at_a_time_and_small_ones_four_at_a_time()
             Client(cluster) as client:
         n = 80 * 2**20
         x = da.ones(4 * n, chunks=n, dtype=np.float32)
-        big = dg.map_kernel(double, dg.Out(np.float32, like=x), x)
+        big = dg.map_kernel(slow_double, dg.Out(np.float32, like=x), x, np.int32(300))
         with get_task_stream(client) as ts:
-            total = client.compute(big.sum()).result()
-        assert total == 2 * 4 * n
-        assert _most_at_once(ts.data) == 1
-        small = da.ones(16 * 2**20, chunks=2**20, dtype=np.float32)  # 8 MB a chunk
+            assert client.compute(big.sum()).result() == 2 * 4 * n
+        assert _most_at_once(ts.data, "slow_double-") == 1
+        small = da.ones(8 * 2**16, chunks=2**16, dtype=np.float32)  # 512 KB a chunk
+        z = dg.map_kernel(slow_double, dg.Out(np.float32, like=small), small, np.int32(300))
         with get_task_stream(client) as ts:
-            client.compute(dg.map_kernel(double, dg.Out(np.float32, like=small), small)).result()
-        starts = sorted(s["start"] for t in ts.data if "double-" in str(t["key"])
-                        for s in t["startstops"] if s["action"] == "compute")
-        assert len(starts) == 16
+            client.compute(z).result()
+        assert _most_at_once(ts.data, "slow_double-") == 4
