@@ -211,13 +211,13 @@ def test_worker_image_pins_lie_within_pyproject(dockerfile, cuda_major):
                                                      "<13,>=12.8")
 
 
-def test_worker_image_accepts_every_driver_the_readme_names(dockerfile):
+def test_worker_image_accepts_every_driver_the_guide_names(dockerfile):
     # The base image's NVIDIA_REQUIRE_CUDA would make the container toolkit refuse
     # drivers older than the image's CUDA minor version (R575 for 12.9).
     worker = _stages(dockerfile)["worker"]
     assert re.search(r"^ENV NVIDIA_DISABLE_REQUIRE=1$", worker, re.MULTILINE)
-    for text in ((REPO / "README.md").read_text(), (DEPLOY / "README.md").read_text(),
-                 dockerfile):
+    for text in ((REPO / "docs" / "guide" / "install.md").read_text(),
+                 (DEPLOY / "README.md").read_text(), dockerfile):
         assert "R525 or newer" in text or "(R525+)" in text
 
 
@@ -452,7 +452,7 @@ def test_daskcluster_worker_finds_the_scheduler_from_the_operator_env(daskcluste
         from daskgpu._cli.workers import nanny_options
         ns = build_parser().parse_args(json.loads(sys.argv[1])[1:])
         (spec,) = nanny_options(ns.scheduler, scheduler_file=ns.scheduler_file, devices=["0"],
-                                name=ns.name, nthreads=ns.nthreads)
+                                name=ns.name, nthreads=ns.nthreads, simulate=True)
         print(json.dumps([spec["scheduler_ip"], spec["name"], spec["resources"]]))
     """)
     env = dict(os.environ, DASK_SCHEDULER_ADDRESS="tcp://daskgpu-scheduler:8786")

@@ -104,7 +104,8 @@ def test_two_jobs_on_one_node_map_a_kernel_and_clean_up_quietly(slurm, job_env):
 
 def test_job_fails_at_once_when_the_workers_die_at_start(slurm, job_env):
     tmp, env = job_env
-    # Not simulated, and no GPU to serve: every `daskgpu worker` exits 1 as it starts,
+    # Not simulated, and no GPU to serve: every `daskgpu worker` exits 2 as it starts
+    # (a command this machine cannot run),
     # while the job script would wait 90 s for a worker.
     env = {**env, "DASK_DASKGPU__SIMULATE": "0", "CUDA_VISIBLE_DEVICES": ""}
     t0 = time.monotonic()
@@ -115,8 +116,8 @@ def test_job_fails_at_once_when_the_workers_die_at_start(slurm, job_env):
     print(f"job-dies: job {job_id} {job['JobState']} exit {job['ExitCode']} "
           f"run {job['RunTime']}; done {wall:.1f}s after submission")
     assert job["JobState"] == "FAILED" and job["ExitCode"] == "1:0", log
-    assert "no GPU to serve" in log
-    assert "daskgpu.sbatch: the workers exited (status 1) while" in log
+    assert "no CUDA GPU to run workers on" in log
+    assert "daskgpu.sbatch: the workers exited (status 2) while" in log
     assert not (tmp / "job-dies.json").exists()
     assert _seconds(job["RunTime"]) < 45, log  # not the client's 90 s, nor the time limit
 
