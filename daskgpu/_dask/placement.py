@@ -175,15 +175,19 @@ class GPUPlacement(SchedulerPlugin):
     def update_graph(self, scheduler, *, tasks, **kwargs) -> None:
         if not scheduler.resources.get(GPU):
             return
-        by_memory = bool(scheduler.resources.get(GPU_MEMORY))
+        # A launch never asks for more than the largest worker has: one that needs more
+        # (a submitted launch on large arrays; maps are refused when built) runs alone
+        # there, rather than wait for a worker that never comes.
+        largest = max((ws.resources.get(GPU_MEMORY, 0) for ws in scheduler.workers.values()),
+                      default=0)
         for key in tasks:
             ts = scheduler.tasks.get(key)
             if ts is None or ts.run_spec is None or not runs_launch(ts.run_spec):
                 continue
             restrictions = dict(ts.resource_restrictions or {})
             restrictions[GPU] = max(restrictions.get(GPU, 0), LAUNCH_SHARE)
-            if by_memory:
-                need = device_bytes(ts.run_spec, scheduler.tasks)
+            if largest:
+                need = min(device_bytes(ts.run_spec, scheduler.tasks), largest)
                 if need:
                     restrictions[GPU_MEMORY] = max(restrictions.get(GPU_MEMORY, 0), need)
             ts.resource_restrictions = restrictions

@@ -95,6 +95,12 @@ def test_a_submitted_launch_asks_for_its_arrays_bytes(client):
 
     assert client.run_on_scheduler(asked)[GPU_MEMORY] == 8000
 
+    # More than the worker has: asks for all of it, runs alone, and does not wait forever.
+    big = np.arange(20_000, dtype=np.float32)
+    future = client.submit(double.forall(big.size), np.zeros_like(big), big, pure=False)
+    np.testing.assert_array_equal(future.result(timeout=60), 2 * big)
+    assert client.run_on_scheduler(asked, key=future.key)[GPU_MEMORY] == OFFER
+
 
 def test_without_the_setting_simulated_workers_offer_no_memory():
     # (This module's cluster sets it while it is open.)
