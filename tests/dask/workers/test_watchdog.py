@@ -129,3 +129,55 @@ def test_a_time_limit_is_a_positive_number():
         double.configure(1, 8, timeout=0)
     with dask.config.set({"daskgpu.launch-timeout": "2 minutes"}):
         assert dg._config.check()["launch-timeout"] == 120.0
+
+
+@dg.jit("void(int32[::1], int32)")
+def sleep_ms(flag, ms):
+    # Spins on the device for ms milliseconds: a kernel that holds the GPU.
+    for _ in range(ms):
+        cuda.nanosleep(1000000)
+    flag[0] = 1
+
+
+@pytest.fixture
+def one_gpu_worker():
+    with dask.config.set({"daskgpu.simulate": False}), \
+            dg.LocalGPUCluster(simulate=False, devices=[0], dashboard_address=None) as cluster, \
+            Client(cluster) as client:
+        client.wait_for_workers(1, timeout=120)
+        yield client
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_a_cancelled_60_s_kernel_frees_the_gpu_within_5_s(one_gpu_worker):
+    client = one_gpu_worker
+    before = _addresses(client)
+    future = client.submit(sleep_ms.forall(1), np.zeros(1, np.int32), np.int32(60_000),
+                           pure=False)
+    time.sleep(1)
+    assert future.status == "pending"
+    cancelled_at = time.monotonic()
+    future.cancel()
+    took = _next_task_after(client, before)
+    print(f"cancelled 60 s kernel: next launch done {took:.2f} s after the cancel "
+          f"(grace {dg._config.get('cancel-grace')} s)")
+    assert time.monotonic() - cancelled_at < 5 + dg._config.get("cancel-grace")
+    info = client.run(dg.device_info)
+    assert [i["simulated"] for i in info.values()] == [False]  # back, on its GPU
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_a_60_s_kernel_over_its_limit_fails_and_the_gpu_is_free_within_5_s(
+        one_gpu_worker):
+    client = one_gpu_worker
+    before = _addresses(client)
+    started = time.monotonic()
+    future = client.submit(sleep_ms.forall(1, timeout=1), np.zeros(1, np.int32),
+                           np.int32(60_000), pure=False)
+    with pytest.raises(dg.LaunchTimeoutError, match="kernel 'sleep_ms' did not finish"):
+        future.result(timeout=60)
+    failed = time.monotonic() - started
+    took = _next_task_after(client, before)
+    print(f"60 s kernel, 1 s limit: failed after {failed:.2f} s; next launch done "
+          f"{took:.2f} s after that")
+    assert failed < 3 and took < 5
