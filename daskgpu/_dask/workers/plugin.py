@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 
 from dask.utils import key_split
@@ -204,7 +205,9 @@ class GPUWorkerPlugin(WorkerPlugin):
         worker = self._worker
         logger.error("daskgpu: task %r lost the CUDA context (%s); closing worker %s so "
                      "its nanny restarts it", key, task.exception_text, worker.address)
-        worker.loop.call_later(_GRACE, _close, worker)
+        # A kernel over its time limit still runs: the process must end, not close.
+        hung = "LaunchTimeoutError" in (task.exception_text or "")
+        worker.loop.call_later(_GRACE, _close, worker, hung)
 
     def _watch_task(self, key, start, finish) -> None:
         watch, worker = self._watch, self._worker
@@ -249,7 +252,7 @@ class GPUWorkerPlugin(WorkerPlugin):
                          "cancelled (daskgpu.cancel-grace); closing worker %s so its nanny "
                          "starts a fresh process and the GPU is free", stuck, watch.grace,
                          worker.address)
-            worker.loop.call_later(0, _close, worker)
+            worker.loop.call_later(0, _close, worker, True)
 
     def _task_range(self, key, started: bool) -> None:
         """An NVTX range over a task's run, named after its key's prefix (a bounded set
@@ -299,7 +302,19 @@ def lost_context(task) -> bool:
     return (task.exception_text or "").startswith(f"{ContextLostError.__name__}(")
 
 
-def _close(worker):
+def _close(worker, hung: bool = False):
+    """End the worker so that its nanny starts a fresh process.
+
+    ``hung``: a kernel is still running. A process that closes normally then
+    waits for it as it exits (the CUDA driver finishes a context's work before it
+    destroys it); one that ends at once has its context torn down by the driver,
+    which frees the GPU. Only a worker with a nanny is ended so: one without
+    shares its process with others (threaded workers, a client's).
+    """
+    if hung and getattr(worker, "nanny", None):
+        logger.error("daskgpu: ending worker process %s at once to free its GPU", worker.address)
+        logging.shutdown()
+        os._exit(1)
     # nanny=False: the nanny sees its worker process exit and starts a new one.
     asyncio.ensure_future(
         worker.close(nanny=False, executor_wait=False, reason="daskgpu: CUDA context lost")
