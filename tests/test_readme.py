@@ -13,14 +13,19 @@ user guide (docs/guide), whose examples and commands tests/docs runs.
 from __future__ import annotations
 
 import contextlib
-import os
 import pathlib
 import re
-import shlex
-import subprocess
-import sys
 
 import pytest
+from shown_commands import (
+    NEEDS_GPU,
+    SCHEDULER,
+    check_outcome,
+    has_gpu,
+    on_a_simulated_cluster,
+    run,
+    shell_lines,
+)
 
 README = pathlib.Path(__file__).resolve().parents[1] / "README.md"
 TEXT = README.read_text()
@@ -30,15 +35,7 @@ SCRIPTS = [
     (m.group(1) if (m := re.match(r"# (\w+\.py)\n", code)) else f"snippet{i}.py", code)
     for i, code in enumerate(PYTHON)
 ]
-NEEDS_GPU = "needs a GPU"
 # A running scheduler the README's commands name; the test substitutes its own.
-SCHEDULER = "tcp://scheduler:8786"
-
-
-def _gpu() -> bool:
-    from daskgpu._runtime.gpu.driver import device_count
-
-    return device_count()[0] > 0
 
 
 def _commands() -> list:
@@ -48,28 +45,13 @@ def _commands() -> list:
         if lang == "bash":
             lines += code.replace("\\\n", " ").splitlines()
     out = []
-    for line in lines:
-        if not line.strip():
-            continue
-        argv = shlex.split(line, comments=True)
-        comment = line.partition("  #")[2].strip()
+    for argv, comment in shell_lines("\n".join(lines)):
         if "&&" in argv:  # pip install ... && COMMAND: the install is what CI does
             argv = argv[argv.index("&&") + 1:]
         if argv[:3] == ["python", "-m", "pytest"]:  # the suite this test is part of
             continue
         out.append((argv, comment))
     return out
-
-
-def _run(argv, cwd, timeout=300):
-    if argv[0] == "daskgpu":
-        argv = [sys.executable, "-m", "daskgpu", *argv[1:]]
-    elif argv[0] == "python":
-        argv = [sys.executable, *argv[1:]]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-        p for p in (str(README.parent), os.environ.get("PYTHONPATH")) if p)}
-    return subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True,
-                          timeout=timeout)
 
 
 def test_readme_has_the_tour_and_the_two_commands():
@@ -92,10 +74,10 @@ def test_readme_links_resolve():
 
 @pytest.mark.parametrize("name,code", SCRIPTS, ids=[n for n, _ in SCRIPTS])
 def test_readme_snippet_runs_as_a_script(name, code, tmp_path):
-    if code.startswith(f"# {NEEDS_GPU}") and not _gpu():
+    if code.startswith(f"# {NEEDS_GPU}") and not has_gpu():
         pytest.skip(code.splitlines()[0][2:])
     (tmp_path / name).write_text(code)
-    proc = _run(["python", name], tmp_path)
+    proc = run(["python", name], tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
 
@@ -123,19 +105,8 @@ def test_readme_commands_run_without_a_gpu(tmp_path):
             stack.enter_context(distributed.Client(cluster))
         for argv, comment in commands:
             if SCHEDULER in argv and NEEDS_GPU not in comment:
-                # This test's running cluster simulates: the client must ship the
-                # Python function too, which a GPU cluster does not need.
-                argv = [cluster.scheduler_address if a == SCHEDULER else a for a in argv]
-                argv += ["--simulate"] if argv[:2] == ["daskgpu", "batch"] else []
-            proc = _run(argv, tmp_path)
-            what = f"{shlex.join(argv)}\n--- stdout\n{proc.stdout[-2000:]}\n--- stderr\n" \
-                   f"{proc.stderr[-3000:]}"
-            assert "Traceback" not in proc.stderr, what
-            if NEEDS_GPU in comment:
-                assert proc.returncode != 0, what
-                assert len(proc.stderr.strip().splitlines()) <= 2, what
-            else:
-                assert proc.returncode == 0, what
+                argv = on_a_simulated_cluster(argv, cluster.scheduler_address)
+            check_outcome(argv, run(argv, tmp_path), comment)
 
 
 def test_readme_commands_are_what_ci_runs():

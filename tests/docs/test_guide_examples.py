@@ -26,20 +26,25 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import os
 import pathlib
 import re
 import shlex
-import subprocess
 import sys
 import textwrap
 
 import pytest
+from shown_commands import (
+    NEEDS_GPU,
+    SCHEDULER,
+    check_outcome,
+    has_gpu,
+    on_a_simulated_cluster,
+    run,
+    shell_lines,
+)
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 GUIDE = ROOT / "docs" / "guide"
-NEEDS_GPU = "needs a GPU"
-SCHEDULER = "tcp://scheduler:8786"
 # A fence may be indented, inside a list item; its code is then dedented.
 FENCE = re.compile(r"^( *)```(\w+)[^\n]*\n(.*?)^\1```", re.DOTALL | re.MULTILINE)
 
@@ -58,41 +63,11 @@ def pages() -> list:
     return [p for p in guide_pages() if any(lang in ("python", "bash") for lang, _ in blocks(p))]
 
 
-def _gpu() -> bool:
-    from daskgpu._runtime.gpu.driver import device_count
-
-    return device_count()[0] > 0
-
-
-def _commands(code: str) -> list:
-    """A bash block's commands, continuations joined, as ``(argv, comment)``."""
-    out = []
-    for line in code.replace("\\\n", " ").splitlines():
-        if line.strip():
-            out.append((shlex.split(line, comments=True), line.partition("  #")[2].strip()))
-    return out
-
-
 def _extras() -> set:
     """The extras pyproject.toml defines (read by hand: tomllib is Python 3.11+)."""
     text = (ROOT / "pyproject.toml").read_text()
     section = text.partition("[project.optional-dependencies]")[2].partition("\n[")[0]
     return set(re.findall(r"^([\w-]+) = \[", section, re.MULTILINE))
-
-
-def _run(argv, cwd, timeout=300):
-    assignments = {}
-    while argv and re.fullmatch(r"[A-Z_][A-Z0-9_]*=.*", argv[0]):  # VAR=value command
-        name, _, value = argv[0].partition("=")
-        assignments[name], argv = value, argv[1:]
-    if argv[0] == "daskgpu":
-        argv = [sys.executable, "-m", "daskgpu", *argv[1:]]
-    elif argv[0] == "python":
-        argv = [sys.executable, *argv[1:]]
-    env = {**os.environ, **assignments, "PYTHONPATH": os.pathsep.join(
-        p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
-    return subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True,
-                          timeout=timeout)
 
 
 class _Scheduler:
@@ -121,23 +96,14 @@ def _run_command(argv, comment, cwd, scheduler):
         argv = argv[argv.index("&&") + 1:]
         if argv[:3] == ["python", "-m", "pytest"] or argv == ["daskgpu", "demo"]:
             return  # the README's two commands, which CI and tests/test_readme.py run
-    if NEEDS_GPU in comment and _gpu():
+    if NEEDS_GPU in comment and has_gpu():
         return  # on a GPU the command would run for real: the GPU suite's tests do
     if argv[:2] == ["daskgpu", "batch"] and "--scheduler" not in argv:
         # The job's own local cluster costs 15 s here; tests/dask/batch covers it.
         argv = [*argv, "--scheduler", SCHEDULER]
     if SCHEDULER in argv:
-        argv = [scheduler.get() if a == SCHEDULER else a for a in argv]
-        argv += ["--simulate"] if argv[:2] == ["daskgpu", "batch"] else []
-    proc = _run(argv, cwd)
-    what = (f"{shlex.join(argv)}\n--- stdout\n{proc.stdout[-2000:]}\n--- stderr\n"
-            f"{proc.stderr[-3000:]}")
-    assert "Traceback" not in proc.stderr, what
-    if NEEDS_GPU in comment:
-        assert proc.returncode != 0, what
-        assert len(proc.stderr.strip().splitlines()) <= 2, what
-    else:
-        assert proc.returncode == 0, what
+        argv = on_a_simulated_cluster(argv, scheduler.get())
+    check_outcome(argv, run(argv, cwd), comment)
 
 
 @pytest.fixture
@@ -183,7 +149,7 @@ def test_guide_page_examples_run(page, tmp_path, monkeypatch, threaded_clusters,
             elif lang == "python":
                 exec(compile(code, f"{page.name} example", "exec"), namespace)
             elif lang == "bash":
-                for argv, comment in _commands(code):
+                for argv, comment in shell_lines(code):
                     _run_command(argv, comment, tmp_path, scheduler)
         for value in namespace.values():  # what a page left open, as a session's end would
             if isinstance(value, distributed.Client | distributed.deploy.Cluster):
@@ -205,7 +171,7 @@ def gpu_examples() -> list:
                          ids=[f"{p}-{i}" for i, (p, _) in enumerate(gpu_examples())])
 def test_guide_gpu_example_runs_as_a_script(page, code, tmp_path):
     (tmp_path / "example.py").write_text(code)
-    proc = _run(["python", "example.py"], tmp_path, timeout=600)
+    proc = run(["python", "example.py"], tmp_path, timeout=600)
     missing = re.search(r"No module named '(cupy|dask_cuda)'", proc.stderr)
     if proc.returncode != 0 and missing:
         pytest.skip(f"needs {missing.group(1)}")
