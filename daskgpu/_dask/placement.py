@@ -126,31 +126,33 @@ def device_bytes(node, tasks) -> int:
         if known is not None:
             total += known
             continue
-        for a in args:  # a Launch, submitted with its arguments
-            value = _value(a, tasks, sized=True)
-            total += max(int(getattr(value, "nbytes", 0) or 0), 0)
+        total += sum(_nbytes(a, tasks) for a in args)  # a Launch, submitted with them
     return total
 
 
-class _Sized:
-    __slots__ = ("nbytes",)
-
-    def __init__(self, nbytes):
-        self.nbytes = nbytes
-
-
-def _value(node, tasks, sized=False):
-    """``node``'s value where the scheduler holds it: inline, or the spec of the key it
-    names; with ``sized``, a computed key's size."""
+def _reference(node, tasks):
+    """The scheduler's task that ``node`` names (a reference to a key), else None."""
     key = getattr(node, "key", None)
-    if key is not None and not hasattr(node, "func") and key in tasks:  # a reference
-        ts = tasks[key]
-        if sized:
-            return _Sized(ts.nbytes)
+    if key is not None and not hasattr(node, "func"):
+        return tasks.get(key)
+    return None
+
+
+def _value(node, tasks):
+    """``node``'s value where the scheduler holds it: inline, or the spec of the key it names."""
+    ts = _reference(node, tasks)
+    if ts is not None:
         node = ts.run_spec
     while hasattr(node, "value") and not hasattr(node, "func"):  # a DataNode
         node = node.value
     return node
+
+
+def _nbytes(node, tasks) -> int:
+    """An argument's size: an inline array's, or a computed key's on the scheduler."""
+    ts = _reference(node, tasks)
+    size = ts.nbytes if ts is not None else getattr(_value(node, tasks), "nbytes", 0)
+    return max(int(size or 0), 0)
 
 
 class GPUPlacement(SchedulerPlugin):
