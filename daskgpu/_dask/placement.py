@@ -106,6 +106,27 @@ def launch_nodes(node, depth: int = 0):
             yield from launch_nodes(v, depth + 1)
 
 
+def _launch_called(task, lookup):
+    """The launch object a launch task calls: the task's own callable (a ``Launch``), or
+    the ``ChunkLaunch`` (or fused pair) that a ``map_kernel`` task reads first, inline or
+    through ``lookup(key)`` (the map's launch is a key of its own); None when unknown.
+    """
+    func = task.func
+    if hasattr(func, "timeout"):
+        return func
+    args = getattr(task, "args", ())
+    if not args:
+        return None
+    value = args[0]
+    key = getattr(value, "key", None)
+    if key is not None and not hasattr(value, "func"):  # a reference, or a named DataNode
+        found = lookup(key)
+        value = value if found is None else found
+    while hasattr(value, "value") and not hasattr(value, "func"):  # a DataNode
+        value = value.value
+    return value if hasattr(value, "timeout") else None
+
+
 def device_bytes(node, tasks) -> int:
     """The device memory the launches of the task spec ``node`` ask for, in bytes.
 
@@ -116,17 +137,18 @@ def device_bytes(node, tasks) -> int:
     arguments' bytes: arrays in the task, and the futures it reads, by their
     size on the scheduler. 0 when nothing is known.
     """
+    def spec(key):
+        ts = tasks.get(key)
+        return None if ts is None else ts.run_spec
+
     total = 0
-    for launch in launch_nodes(node):
-        func = launch.func
-        args = getattr(launch, "args", ())
-        known = getattr(func, "device_bytes", None)
-        if known is None and args and not hasattr(func, "config"):  # run_chunk(launch, ...)
-            known = getattr(_value(args[0], tasks), "device_bytes", None)
+    for task in launch_nodes(node):
+        launch = _launch_called(task, spec)
+        known = getattr(launch, "device_bytes", None)
         if known is not None:
             total += known
-            continue
-        total += sum(_nbytes(a, tasks) for a in args)  # a Launch, submitted with them
+        else:  # a Launch, submitted with its arguments
+            total += sum(_nbytes(a, tasks) for a in getattr(task, "args", ()))
     return total
 
 
@@ -138,21 +160,14 @@ def _reference(node, tasks):
     return None
 
 
-def _value(node, tasks):
-    """``node``'s value where the scheduler holds it: inline, or the spec of the key it names."""
-    ts = _reference(node, tasks)
-    if ts is not None:
-        node = ts.run_spec
-    while hasattr(node, "value") and not hasattr(node, "func"):  # a DataNode
-        node = node.value
-    return node
-
-
 def _nbytes(node, tasks) -> int:
     """An argument's size: an inline array's, or a computed key's on the scheduler."""
     ts = _reference(node, tasks)
-    size = ts.nbytes if ts is not None else getattr(_value(node, tasks), "nbytes", 0)
-    return max(int(size or 0), 0)
+    if ts is not None:
+        return max(int(ts.nbytes or 0), 0)
+    while hasattr(node, "value") and not hasattr(node, "func"):  # a DataNode
+        node = node.value
+    return max(int(getattr(node, "nbytes", 0) or 0), 0)
 
 
 class GPUPlacement(SchedulerPlugin):
