@@ -11,7 +11,7 @@ from __future__ import annotations
 import inspect
 import json
 
-from daskgpu._cli.bench import compute, device, host, overhead, reductions, scale, startup
+from daskgpu._cli.bench import compute, device, host, overhead, reductions, scale, sharing, startup
 from daskgpu._cli.bench.common import BenchCluster, BenchOptions, table
 
 #: What ``daskgpu bench --help`` says the command does.
@@ -35,6 +35,7 @@ SECTIONS = {
     "scaling": compute.bench_scaling,
     "reductions": reductions.bench_reductions,
     "scale": scale.bench_scale,
+    "sharing": sharing.bench_sharing,
 }
 
 
@@ -42,9 +43,9 @@ def section_sizes(name: str, size: int) -> dict:
     """The data sizes of section ``name`` when each mapped host array is ``size`` bytes.
 
     The map sections use arrays of ``size`` in 64 MiB chunks (smaller for small
-    sizes; map-device chooses its own chunk counts); compute and scaling, which
-    run many steps per element, a quarter and a half of it. Other sections take
-    no size.
+    sizes; map-device and sharing choose their own chunk counts); compute and
+    scaling, which run many steps per element, a quarter and a half of it. Other
+    sections take no size.
 
     Examples
     --------
@@ -58,7 +59,8 @@ def section_sizes(name: str, size: int) -> dict:
     {}
     """
     share, chunks = {"map-host": (1, 16), "chain": (1, 16), "map-device": (1, None),
-                     "compute": (4, 8), "scaling": (2, 32)}.get(name, (None, None))
+                     "compute": (4, 8), "scaling": (2, 32),
+                     "sharing": (1, None)}.get(name, (None, None))
     if share is None:
         return {}
     size_bytes = size // share
