@@ -11,7 +11,7 @@ from __future__ import annotations
 import inspect
 import json
 
-from daskgpu._cli.bench import compute, device, host, overhead, reductions, scale, sharing, startup
+from daskgpu._cli.bench import compute, device, host, overhead, reductions, scale, startup
 from daskgpu._cli.bench.common import BenchCluster, BenchOptions, table
 
 #: What ``daskgpu bench --help`` says the command does.
@@ -35,7 +35,7 @@ SECTIONS = {
     "scaling": compute.bench_scaling,
     "reductions": reductions.bench_reductions,
     "scale": scale.bench_scale,
-    "sharing": sharing.bench_sharing,
+    "sharing": compute.bench_sharing,
 }
 
 

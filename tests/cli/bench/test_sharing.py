@@ -4,7 +4,7 @@ runs large ones together, and the section refuses to report that."""
 
 import pytest
 
-from daskgpu._cli.bench import command, sharing
+from daskgpu._cli.bench import command, compute
 from daskgpu._cli.bench.common import table
 
 pytest.importorskip("distributed")
@@ -14,11 +14,11 @@ SIMULATED = {"simulate": True, "processes": False}
 
 #: 4 large chunks of 512 float32, 16 small ones of 128: four small chunks fit together
 #: (as many as the threads), two beside a large one, and two large ones never.
-MIX = sharing.Mix(8 << 10, large=4, small=16)
+MIX = compute.Mix(8 << 10, large=4, small=16)
 
 
 def test_sharing_is_a_section_of_the_run_size():
-    assert command.SECTIONS["sharing"] is sharing.bench_sharing
+    assert command.SECTIONS["sharing"] is compute.bench_sharing
     assert command.section_sizes("sharing", 256 << 20) == {"size_bytes": 256 << 20}
 
 
@@ -28,7 +28,7 @@ def test_a_large_chunk_needs_two_thirds_of_the_offer_and_a_small_one_a_sixth():
 
 
 def test_with_four_threads_large_chunks_run_alone_and_small_ones_together():
-    row = sharing.bench_sharing(MIX.size_bytes, MIX.large, MIX.small, steps=1, repeat=1,
+    row = compute.bench_sharing(MIX.size_bytes, MIX.large, MIX.small, steps=1, repeat=1,
                                 **SIMULATED)
     ours, base = row["at_once"]["daskgpu"], row["at_once"]["baseline"]
     assert ours["large"] == 1 and ours["small"] >= 2
@@ -40,15 +40,15 @@ def test_with_four_threads_large_chunks_run_alone_and_small_ones_together():
 
 def test_a_worker_offering_no_gpu_memory_runs_large_chunks_together_and_is_refused():
     # Simulated workers offer GPU-memory only when daskgpu.device-memory is set.
-    runs = sharing.on_new_worker(MIX, sharing.THREADS, steps=1, repeat=1, device_memory=None,
-                                 **SIMULATED)
+    runs = compute.mix_on_new_worker(MIX, compute.SHARING_THREADS, steps=1, repeat=1,
+                                     device_memory=None, **SIMULATED)
     assert runs.large >= 2
     with pytest.raises(RuntimeError, match=rf"^{runs.large} chunks that each need 4.00 kiB "
                                            r"of the worker's 6.00 kiB of GPU-memory ran at "
                                            r"once: launches did not ask"):
-        sharing.check_large_alone(runs, MIX)
+        compute.check_large_alone(runs, MIX)
 
 
 def test_a_mix_without_an_element_per_small_chunk_is_refused():
     with pytest.raises(ValueError, match=r"at least 256 bytes"):
-        sharing.Mix(100, large=1, small=64)
+        compute.Mix(100, large=1, small=64)
