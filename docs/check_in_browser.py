@@ -7,7 +7,10 @@ temporary directory), opens the front page, two guide pages and the API referenc
 in headless Chromium (Debian's ``chromium`` package: ``apt-get install -y
 chromium``) and writes ``OUTDIR/<page>.png`` for each, to be looked at as a reader
 would see them. Prints the screenshots' paths; exits 2 when Chromium is missing.
-``tests/docs/test_browser.py`` runs it where Chromium is installed.
+``tests/docs/test_build.py`` runs it where Chromium is installed.
+
+:func:`chromium` and :data:`HEADLESS` also serve ``check_dashboard.py``, whose
+pages draw only after they have loaded, so that it drives the browser itself.
 """
 
 from __future__ import annotations
@@ -23,6 +26,10 @@ DOCS = pathlib.Path(__file__).resolve().parent
 #: The pages to look at: the front page, guide pages (one with the picture), the API reference.
 PAGES = ("index", "guide/how-it-works", "guide/map-kernel", "reference/api")
 WINDOW = "1400,1000"
+#: Chromium's options for a headless run that reaches out to nothing but the page.
+HEADLESS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+            "--disable-component-update", "--disable-sync", "--no-first-run",
+            "--hide-scrollbars", f"--window-size={WINDOW}")
 
 
 def chromium() -> str | None:
@@ -46,11 +53,8 @@ def screenshot(browser: str, page: pathlib.Path, png: pathlib.Path) -> None:
     """Save what ``page`` shows in a ``WINDOW``-sized headless window to ``png``."""
     with tempfile.TemporaryDirectory() as profile:
         subprocess.run(
-            [browser, "--headless", "--no-sandbox", "--disable-gpu",
-             "--disable-background-networking", "--disable-component-update",
-             "--disable-sync", "--no-first-run", "--hide-scrollbars",
-             f"--user-data-dir={profile}", f"--screenshot={png}",
-             f"--window-size={WINDOW}", page.as_uri()],
+            [browser, *HEADLESS, f"--user-data-dir={profile}", f"--screenshot={png}",
+             page.as_uri()],
             check=True, capture_output=True, timeout=120)
     if not png.is_file() or png.stat().st_size == 0:
         raise RuntimeError(f"chromium wrote no screenshot of {page}")
