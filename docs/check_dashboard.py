@@ -10,13 +10,15 @@ scheduler, and writes into ``OUTDIR`` (default: a new temporary directory):
 - ``<page>.png`` for each of :data:`PAGES`, as a 1400x1000 window shows it;
 - ``metrics-<worker>.txt``: each worker's Prometheus endpoint, ``/metrics``;
 - ``report.json``: what each page's Bokeh document holds (figure titles, legend
-  labels, categories, the unit selected), daskgpu's launch counts per kernel
-  from ``/metrics``, the cluster's repr and dashboard link, and the problems found.
+  labels, categories, the unit selected), daskgpu's launches and GPU seconds by
+  kernel from the workers' ``/metrics``, the scheduler's GPU time by label, the
+  cluster's repr and dashboard link, and the problems found.
 
-Prints a line per page; exits 1 naming what a page or endpoint misses (the
-``daskgpu kernel`` activity, each kernel in the ``kernel-seconds`` view, a
-launch count per chunk at ``/metrics``, the dashboard link in the cluster's
-HTML repr), 2 when Chromium, bokeh or prometheus_client is missing.
+Prints what it found; exits 1 naming what a page or endpoint misses (a drawn
+figure, ``daskgpu kernel`` in the legend, each kernel in the ``kernel-seconds``
+view, one launch a chunk at ``/metrics``, the scheduler's kernel-seconds equal
+to the workers' own count, the dashboard link in the cluster's HTML repr), 2 when
+Chromium, bokeh or prometheus_client is missing.
 ``tests/docs/test_dashboard_in_browser.py`` runs it.
 
 Why not ``chromium --screenshot``, as ``check_in_browser.py`` does: every
