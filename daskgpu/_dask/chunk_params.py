@@ -30,6 +30,7 @@ from dataclasses import dataclass, fields
 from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
+from dask._task_spec import DataNode
 from dask.layers import ArrayBlockwiseDep
 
 from daskgpu._image.array_info import Zeroed
@@ -145,6 +146,20 @@ class ChunkPlaces(ArrayBlockwiseDep):
         idx = tuple(int(i) for i in idx)
         return (idx, tuple(c[i] for c, i in zip(self.chunks, idx)),
                 tuple(s[i] for s, i in zip(self.starts, idx)))
+
+    def get(self, idx: tuple, default=None):
+        """Block ``idx``'s place as the task's argument: a ``DataNode`` already.
+
+        What dask asks as it builds each task. Handed a plain tuple, it would
+        search the nested tuples of ints for keys, one call per element, on
+        every task (a tenth of a 20,000-chunk graph's build time).
+
+        Examples
+        --------
+        >>> ChunkPlaces(((2, 2),), ((0, 2),)).get((1,)).value
+        ((1,), (2,), (2,))
+        """
+        return DataNode(None, self[idx])
 
     def __reduce__(self):
         return ChunkPlaces, (self.chunks, self.starts)

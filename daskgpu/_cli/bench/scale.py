@@ -6,16 +6,26 @@ so its bytes and the scheduler's work per task should not grow with the
 number of chunks. This section checks that against
 ``da.map_blocks(np.add, x, x)`` over the same chunks: the bytes of every task
 of the optimized graph, pickled as the scheduler pickles a task for a worker,
-and the client's time to build, optimize and pickle it, both per chunk; on the
-run's cluster, also the time of ``client.compute`` per chunk. The graph rows
-need neither a GPU nor CuPy, and :func:`graph_cost` is what
+and the client's time to build, optimize and pickle it, both per chunk; at
+:data:`MEMORY_CHUNKS` chunks, the memory and the time it takes to build the
+graph and materialize and optimize it (:func:`graph_memory`,
+:func:`graph_seconds`); on the run's cluster, also the time of
+``client.compute`` per chunk. The graph rows need neither a GPU nor CuPy, and
+:func:`graph_cost` and :func:`graph_memory` are what
 ``tests/dask/test_mapping_costs.py`` measures with.
+
+Materializing and optimizing is the work of whichever process turns the
+collection into tasks: the client under dask's local schedulers
+(``.compute()`` without a distributed Client), the scheduler under
+``distributed``, whose client sends the graph unmaterialized.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import gc
 import time
+import tracemalloc
 
 import numpy as np
 
@@ -23,6 +33,9 @@ from daskgpu._cli.bench.common import BenchCluster, ratio, unique, wait_persiste
 
 #: Elements (float32) of each chunk: small, so that what is measured is the tasks.
 CHUNK = 4
+
+#: Chunks of the rows of memory and build time: what issue #38 measured.
+MEMORY_CHUNKS = 20_000
 
 #: What the rows compare against.
 BASELINE = f"da.map_blocks(np.add, x, x) on the same {CHUNK}-element chunks"
@@ -63,6 +76,45 @@ class GraphCost:
     @property
     def seconds_per_chunk(self) -> float:
         return self.seconds / self.chunks
+
+
+@dataclasses.dataclass(frozen=True)
+class GraphMemory:
+    """The Python memory that building one array's optimized graph takes, in bytes.
+
+    Counted by :mod:`tracemalloc` from just before the array is built (its
+    input already is) to when its graph is materialized and optimized, the
+    optimized graph still held: every block Python or NumPy allocated, at its
+    size asked, not what the allocators keep around it (free lists,
+    fragmentation), so it is less than the process's resident memory grows
+    by.
+
+    Attributes
+    ----------
+    chunks : int
+        Chunks of the array.
+    peak : int
+        The most bytes allocated at once on the way: what the process must have.
+    held : int
+        Bytes still allocated at the end: the array and its optimized graph.
+
+    Examples
+    --------
+    >>> GraphMemory(chunks=100, peak=2 << 20, held=1 << 20).peak_mib
+    2.0
+    """
+
+    chunks: int
+    peak: int
+    held: int
+
+    @property
+    def peak_mib(self) -> float:
+        return self.peak / (1 << 20)
+
+    @property
+    def held_mib(self) -> float:
+        return self.held / (1 << 20)
 
 
 def ones(chunks: int):
@@ -115,18 +167,66 @@ def graph_cost(build, x) -> GraphCost:
     return GraphCost(x.numblocks[0], len(tasks), nbytes, seconds)
 
 
+def graph_memory(build, x) -> GraphMemory:
+    """What building ``build(x)``'s graph, materialized and optimized, takes of memory.
+
+    See :class:`GraphMemory` for what is counted. Garbage of earlier work is
+    collected first, so that its release does not fall inside the count.
+
+    Examples
+    --------
+    >>> memory = graph_memory(add, ones(10))
+    >>> memory.chunks, memory.peak >= memory.held > 0
+    (10, True)
+    """
+    gc.collect()
+    tracemalloc.start()
+    try:
+        arr = build(x)
+        tasks = optimized_tasks(arr)
+        held, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    del arr, tasks
+    return GraphMemory(x.numblocks[0], peak, held)
+
+
+def graph_seconds(build, x) -> float:
+    """Seconds to build ``build(x)`` and materialize and optimize its graph, untraced.
+
+    Examples
+    --------
+    >>> graph_seconds(add, ones(10)) > 0
+    True
+    """
+    gc.collect()  # earlier garbage is not this graph's to collect
+    t0 = time.perf_counter()
+    optimized_tasks(build(x))
+    return time.perf_counter() - t0
+
+
 def bench_scale(cluster: BenchCluster | None = None, chunk_counts=(100, 10_000, 100_000),
-                compute_chunks: int | None = 10_000, repeat: int = 3) -> list:
-    """Bytes and client time per chunk of ``map_kernel``'s graph vs ``map_blocks``'.
+                memory_chunks: int | None = MEMORY_CHUNKS, compute_chunks: int | None = 10_000,
+                repeat: int = 3) -> list:
+    """Bytes, memory and client time of ``map_kernel``'s graph vs ``map_blocks``'.
 
     For each count of ``chunk_counts``, two rows: the bytes of all tasks of the
     optimized graph per chunk, and the time to build, optimize and pickle it
-    per chunk (the best of ``repeat``). With a ``cluster``, one more: the time
-    of ``client.compute`` to its result per chunk, at ``compute_chunks`` chunks
-    already persisted (on a GPU cluster, daskgpu's tasks run on the GPUs).
+    per chunk (the best of ``repeat``). At ``memory_chunks`` chunks, three
+    more (goal 1.5 each): the peak memory of building, materializing and
+    optimizing the graph and the memory still held at the end (both of one
+    :func:`graph_memory`: tracing is slow, and the count barely varies), and
+    the time of the same, untraced (the best of ``repeat``), each on an input
+    of its own. With a ``cluster``, one more: the time of ``client.compute``
+    to its result per chunk, at ``compute_chunks`` chunks already persisted
+    (on a GPU cluster, daskgpu's tasks run on the GPUs).
     Without one, or with ``compute_chunks`` None, nothing starts a cluster.
+    Each comparison alternates daskgpu and the baseline, so drift hits both alike.
     """
-    graph_cost(saxpy, ones(10))  # warm: the first map_kernel call plans the kernel's image
+    # Warm: the first map_kernel call plans the kernel's image, and the first of
+    # either allocates what later calls reuse, which the memory rows would count.
+    graph_cost(saxpy, ones(10))
+    graph_cost(add, ones(10))
     rows = []
     for count in chunk_counts:
         x = ones(count)
@@ -141,8 +241,29 @@ def bench_scale(cluster: BenchCluster | None = None, chunk_counts=(100, 10_000, 
                           [c.seconds_per_chunk for c in ours],
                           [c.seconds_per_chunk for c in base], "us", BASELINE, goal=2.0,
                           scale=1e6))
+    if memory_chunks:
+        rows += _memory_rows(memory_chunks, repeat)
     if cluster is not None and compute_chunks:
         rows.append(_compute_row(cluster, compute_chunks, repeat))
+    return rows
+
+
+def _memory_rows(count: int, repeat: int) -> list:
+    # A fresh input each time: its own layer, once materialized, stays cached on
+    # it, and would spare whichever graph came second the work of the first.
+    ours = graph_memory(saxpy, ones(count))
+    base = graph_memory(add, ones(count))
+    mib = 1 / (1 << 20)
+    rows = [ratio(f"graph memory, {count:,} chunks (peak: build+optimize)", [ours.peak],
+                  [base.peak], "MiB", BASELINE, goal=1.5, scale=mib),
+            ratio(f"graph memory, {count:,} chunks (held: optimized graph)", [ours.held],
+                  [base.held], "MiB", BASELINE, goal=1.5, scale=mib)]
+    ours, base = [], []
+    for _ in range(repeat):
+        ours.append(graph_seconds(saxpy, ones(count)))
+        base.append(graph_seconds(add, ones(count)))
+    rows.append(ratio(f"graph build+optimize, {count:,} chunks", ours, base, "s", BASELINE,
+                      goal=1.5))
     return rows
 
 
