@@ -71,6 +71,8 @@ class Out:
     like : array, optional
         Take the shape, and for a dask array also the chunks and the array type
         (NumPy or CuPy), from ``like``. It need not be an argument of the kernel.
+        Without ``dtype`` here or ``map_kernel``'s ``dtype=``/``meta=``, the
+        output also takes ``like``'s dtype, as ``np.empty_like`` does.
     shape : tuple of int, optional
         The shape, when there is no ``like``. Without ``like``, ``shape`` and
         ``chunks``, an aligned output takes the shape of the mapped dask
@@ -220,7 +222,7 @@ class Out:
             given = dict(self.pending)
             if not any(given[k] is not None for k in ("like", "shape", "chunks", "per_chunk")):
                 given["shape"] = shape
-            out = Out(self.dtype if self.dtype is not None else dtype, **given)
+            out = Out(_first_dtype(self.dtype, dtype, given["like"]), **given)
         if meta is not None and out.meta is None and out.per_chunk is None:
             from dask.array.utils import meta_from_array
 
@@ -293,3 +295,16 @@ def mapped_rank(arrays) -> int:
     if ndim == 0:
         raise ValueError("map_kernel maps over arrays of at least one dimension")
     return ndim
+
+
+def known_dtype(out: Out):
+    """``out``'s dtype before ``map_kernel`` gives one: its own, or ``like``'s; else None."""
+    return _first_dtype(out.dtype, None, (out.pending or {}).get("like"))
+
+
+def _first_dtype(own, mapped, like):
+    """An output's dtype: its own, else ``map_kernel``'s, else ``like``'s (np.empty_like's)."""
+    for dtype in (own, mapped, getattr(like, "dtype", None)):
+        if dtype is not None:
+            return dtype
+    return None

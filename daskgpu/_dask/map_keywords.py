@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from daskgpu._dask.arg_kinds import check_array
-from daskgpu._dask.arguments import Out
+from daskgpu._dask.arguments import Out, known_dtype
 from daskgpu._dask.chunk_params import PerChunkParam, is_cupy
 
 __all__ = ["check_axis_changes", "check_chunks", "check_dtype", "check_meta", "output_dtype",
@@ -68,7 +68,7 @@ def resolve_outs(args, dtype, meta) -> tuple:
     done = []
     for a in args:
         if isinstance(a, Out):
-            if a.pending is not None and dtype is None and a.dtype is None:
+            if a.pending is not None and dtype is None and known_dtype(a) is None:
                 raise TypeError(
                     f"map_kernel got {a!r} without a dtype; give it one, dg.Out(np.float32, "
                     "...), or pass dtype= (or meta=) to map_kernel"

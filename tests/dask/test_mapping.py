@@ -432,11 +432,22 @@ def test_out_without_dtype_or_shape_is_completed_by_map_kernel(simulate):
     # neither to give, map_kernel says so when the graph is built.
     x = da.arange(6, chunks=3, dtype=np.float32)
     with pytest.raises(TypeError, match=r"without a dtype; give it one.*or pass dtype="):
-        dg.map_kernel(saxpy, dg.Out(like=x), np.float32(1), x, x)
+        dg.map_kernel(saxpy, dg.Out(), np.float32(1), x, x)
     with pytest.raises(ValueError, match=r"no dask array to take its shape from"):
         dg.map_kernel(global_index, dg.Out(np.int64), dg.offset)
     with pytest.raises(TypeError, match=r"needs like= \(an array to copy shape .*\) or shape="):
         dg.Out(np.float32, chunks=3)
+
+
+def test_out_like_an_array_takes_its_dtype_unless_one_is_given(simulate):
+    # As np.empty_like: like= gives the dtype too, after Out's own and map_kernel's.
+    x = da.arange(6, chunks=3, dtype=np.float32)
+    z = dg.map_kernel(saxpy, dg.Out(like=x), np.float32(2), x, x)
+    assert z.dtype == np.float32
+    np.testing.assert_array_equal(z.compute(), 3 * np.arange(6, dtype=np.float32))
+    assert dg.map_kernel(saxpy, dg.Out(like=x), 2.0, x, x, dtype=np.float64).dtype == np.float64
+    y = da.arange(6, chunks=3, dtype=np.float64)
+    assert dg.map_kernel(saxpy, dg.Out(like=y), 2.0, y, y).dtype == np.float64
 
 
 def test_out_of_another_rank_is_refused(simulate):

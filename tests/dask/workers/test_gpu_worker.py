@@ -143,3 +143,49 @@ def test_a_worker_started_each_way_looks_the_same_to_the_scheduler(tmp_path):
     assert views[ours]["simulate"] is True and views[ours]["visible"] is None
     assert views[ours]["facts"] == "Numba CUDA simulator"
     assert "Traceback" not in log.read_text()
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_a_gpu_worker_reports_nvml_memory_and_utilization_to_the_scheduler():
+    # distributed fills the dashboard's GPU Memory and GPU Utilization pages from these
+    # monitor figures; they arrive only where NVML's bindings (the cu12 extra) load.
+    pytest.importorskip("pynvml", reason="NVML's bindings (nvidia-ml-py) are not installed")
+    import dask.array as da
+    import numpy as np
+    from numba import cuda
+
+    @dg.jit
+    def double(out, x):
+        i = cuda.grid(1)
+        if i < x.size:
+            out[i] = 2 * x[i]
+
+    with dask.config.set({"daskgpu.simulate": False}), \
+            dg.LocalGPUCluster(simulate=False, dashboard_address=":0") as cluster, \
+            Client(cluster, set_as_default=False) as client:
+        x = da.ones(1 << 22, chunks=1 << 20, dtype=np.float32)
+        assert client.compute(dg.map_kernel(double, dg.Out(like=x), x).sum()).result() == 2 << 22
+        seen = _scheduler_gpu_metrics(client)
+    assert seen, "the scheduler knows no worker"
+    for address, (used, utilization) in seen.items():
+        assert used is not None and utilization is not None, \
+            f"{address}'s heartbeats carried no NVML figures"
+        assert used > 0, f"{address} reported no GPU memory in use"
+        assert 0 <= utilization <= 100, (address, utilization)
+
+
+def _scheduler_gpu_metrics(client, timeout=10.0):
+    """``{worker: (gpu_memory_used, gpu_utilization)}`` as the dashboard reads them,
+    once every worker's heartbeat has carried them (or what is there at ``timeout``)."""
+    import time
+
+    def read(dask_scheduler):
+        return {a: (ws.metrics.get("gpu_memory_used"), ws.metrics.get("gpu_utilization"))
+                for a, ws in dask_scheduler.workers.items()}
+
+    deadline = time.monotonic() + timeout
+    while True:
+        seen = client.run_on_scheduler(read)
+        if seen and all(None not in v for v in seen.values()) or time.monotonic() > deadline:
+            return seen
+        time.sleep(0.2)
