@@ -317,7 +317,8 @@ def main(argv=None) -> int:
         # else the job cannot run as given: a usage error.
         print(f"daskgpu batch: error: {exc}", file=sys.stderr)
         return FAILED if isinstance(exc.__cause__, OSError) else 2
-    except (UsageError, BundleError, ConfigError, LaunchConfigError) as exc:
+    except (UsageError, BundleError, ConfigError, LaunchConfigError, ImportError) as exc:
+        # ImportError: a package the run needs is missing here (its message names it).
         print(f"daskgpu batch: error: {exc}", file=sys.stderr)
         return 2
     except (DaskGPUError, OSError) as exc:

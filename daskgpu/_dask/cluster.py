@@ -368,7 +368,14 @@ def _transport(security, protocol, host, interface, processes, scheduler_port):
     if security is None:
         security = Security()
     elif security is True:
-        security = Security.temporary()
+        try:
+            security = Security.temporary()
+        except ImportError as exc:
+            raise ImportError(
+                "security=True makes temporary TLS credentials, which needs the "
+                "'cryptography' package: pip install 'daskgpu[batch]' (or cryptography), "
+                "or pass a distributed.Security of your own"
+            ) from exc
     elif not isinstance(security, Security):
         raise TypeError(
             f"security must be a distributed.Security object or True, got {security!r}"
