@@ -16,6 +16,7 @@ on the GPU. The graph around them is built in
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import numpy as np
 
@@ -23,7 +24,42 @@ from daskgpu._bounded import BoundedCache
 from daskgpu._dask.chunk_params import ChunkContext, ChunkParam, array_module, is_cupy
 from daskgpu._runtime import backends, faults
 
-__all__ = ["ChunkLaunch", "Fused", "launches", "run_chunk"]
+__all__ = ["ChunkLaunch", "ChunkMemory", "Fused", "launches", "run_chunk"]
+
+
+class ChunkMemory(NamedTuple):
+    """The device memory a chunk's launch needs: ``fixed + per_element * block elements``.
+
+    ``per_element`` counts the bytes that scale with the block (outputs, and
+    inputs chunked as the launch's blocks); ``fixed`` the rest (whole arrays,
+    per-chunk outputs, inputs broadcast along some axis, counted at their
+    largest chunk). Worked out on the client; the scheduler's placement asks
+    each task for its own block's figure, so small chunks of a map with a few
+    large ones still share the device.
+
+    Examples
+    --------
+    >>> m = ChunkMemory(fixed=100, per_element=8, largest=1000)
+    >>> m.most, m.for_block((10, 10))
+    (8100, 900)
+    """
+
+    fixed: int = 0
+    per_element: int = 0
+    largest: int = 0  # elements of the map's largest block
+
+    @property
+    def most(self) -> int:
+        """Bytes for the map's largest block: what the graph's check and annotation use."""
+        return self.fixed + self.per_element * self.largest
+
+    def for_block(self, shape) -> int:
+        """Bytes for a block of ``shape`` (the chunk's place, halos included)."""
+        return self.fixed + self.per_element * math.prod(shape)
+
+    def __add__(self, other):  # two launches in one task (Fused) hold both at once
+        return ChunkMemory(self.fixed + other.fixed, self.per_element + other.per_element,
+                           max(self.largest, other.largest))
 
 
 def run_chunk(launch, *values):
@@ -65,28 +101,33 @@ class ChunkLaunch:
     timeout : float, optional
         Seconds a task running it may take on a GPU worker (``map_kernel``'s
         ``timeout=``); None: the worker's ``daskgpu.launch-timeout``.
-    device_bytes : int
-        The device memory the largest chunk's launch needs (inputs copied in,
-        outputs), which its task asks of its worker's ``GPU-memory``.
+    memory : ChunkMemory, optional
+        The device memory a chunk's launch needs (inputs copied in, outputs),
+        which its task asks of its worker's ``GPU-memory``.
     """
 
     __slots__ = ("kernel", "params", "returns", "rank", "tpb", "cupy", "ident", "timeout",
-                 "device_bytes")
+                 "memory")
     #: A GPU launch, for the placement plugin and the worker's launch watch.
     daskgpu_launch = True
 
     def __init__(self, kernel, params, returns, rank, tpb, cupy, ident=None, timeout=None,
-                 device_bytes=0):
+                 memory=ChunkMemory()):
         self.kernel, self.params, self.returns = kernel, params, returns
         self.rank, self.tpb, self.cupy = rank, tpb, cupy
         image = kernel.images[0]
         self.ident = ident or (image.hash, backends.for_image(image).name)
         self.timeout = timeout
-        self.device_bytes = device_bytes
+        self.memory = ChunkMemory(*memory)
 
     def __reduce__(self):
         return ChunkLaunch, (self.kernel, self.params, self.returns, self.rank, self.tpb,
-                             self.cupy, self.ident, self.timeout, self.device_bytes)
+                             self.cupy, self.ident, self.timeout, tuple(self.memory))
+
+    @property
+    def device_bytes(self) -> int:
+        """The device memory the map's largest chunk needs, in bytes."""
+        return self.memory.most
 
     def __repr__(self):
         return f"<map_kernel chunk launch of {self.kernel.__name__}>"
@@ -173,8 +214,12 @@ class Fused:
         return self.second.kernel
 
     @property
-    def device_bytes(self):  # both launches' arrays, the intermediate among them, at once
-        return self.first.device_bytes + self.second.device_bytes
+    def memory(self) -> ChunkMemory:  # both launches' arrays, the intermediate among them
+        return self.first.memory + self.second.memory
+
+    @property
+    def device_bytes(self) -> int:
+        return self.memory.most
 
     @property
     def timeout(self):  # the task runs both launches: the longer limit, if both have one

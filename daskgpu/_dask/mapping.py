@@ -27,7 +27,7 @@ from daskgpu._dask import reduction
 from daskgpu._dask.arg_kinds import check_extras, classify
 from daskgpu._dask.arguments import Out, mapped_rank, offset
 from daskgpu._dask.chunk_params import ChunkParam, ChunkPlaces, OutParam, PerChunkParam, is_cupy
-from daskgpu._dask.chunk_task import ChunkLaunch, run_chunk
+from daskgpu._dask.chunk_task import ChunkLaunch, ChunkMemory, run_chunk
 from daskgpu._dask.cluster_facts import check_chunk_fits, check_workers_link, cluster_facts
 from daskgpu._dask.launch_plan import (
     ChainLink,
@@ -384,10 +384,10 @@ def _build_graph(ship, plan, returns, arrays, aligned, out_chunks, *, rank, tpb,
     places = _places(block_chunks, out_chunks, halo, left)
     task_args = [blocks[source] if isinstance(param, ChunkParam) else source
                  for param, source in plan if param.takes_value]
-    need = _device_bytes(plan, task_args, block_chunks, on_device=base is not None)
-    check_chunk_fits(need, kernel_name, cluster)
+    need = _chunk_memory(plan, task_args, block_chunks, on_device=base is not None)
+    check_chunk_fits(need.most, kernel_name, cluster)
     fn = ChunkLaunch(ship, tuple(p.param for p in plan), tuple(r.index for r in returns),
-                     rank, tpb, base is not None, timeout=timeout, device_bytes=need)
+                     rank, tpb, base is not None, timeout=timeout, memory=need)
     if not any(halo) and flag("fuse-chains", True):
         fn, task_args = fuse(fn, task_args, plan, arrays, blocks, block_chunks)
 
@@ -423,34 +423,40 @@ def _build_graph(ship, plan, returns, arrays, aligned, out_chunks, *, rank, tpb,
     return results[0] if len(results) == 1 else tuple(results)
 
 
-def _device_bytes(plan, task_args, block_chunks, on_device: bool) -> int:
-    """The device memory the largest chunk's launch needs, in bytes: its chunks and whole
-    arrays copied in (CuPy chunks are there already), and its outputs.
+def _chunk_memory(plan, task_args, block_chunks, on_device: bool) -> ChunkMemory:
+    """The device memory a chunk's launch needs: its chunks and whole arrays copied in
+    (CuPy chunks are there already), and its outputs, as a function of its block.
 
     Examples
     --------
     >>> import dask.array as da
     >>> x = da.ones(1000, chunks=400, dtype="f4")
     >>> plan = [(OutParam("f4", "C"), None), (ChunkParam("C", written=False), 0)]
-    >>> _device_bytes(plan, [x], x.chunks, on_device=False)  # 400 floats in, 400 out
-    3200
+    >>> m = _chunk_memory(plan, [x], x.chunks, on_device=False)  # 4 bytes in, 4 out
+    >>> m.most, m.for_block((200,))
+    (3200, 1600)
     """
     import dask.array as da
 
-    largest = math.prod(max(c, default=0) for c in block_chunks)
-    total = 0
+    block_chunks = tuple(tuple(axis) for axis in block_chunks)
+    fixed = per_element = 0
     for arg in task_args:
         if isinstance(arg, da.Array):
-            if not on_device:
-                total += math.prod(max(c, default=0) for c in arg.chunks) * arg.dtype.itemsize
+            if on_device:
+                continue
+            if tuple(map(tuple, arg.chunks)) == block_chunks:
+                per_element += arg.dtype.itemsize
+            else:  # broadcast along some axis: counted at its largest chunk
+                fixed += math.prod(max(c, default=0) for c in arg.chunks) * arg.dtype.itemsize
         elif isinstance(arg, np.ndarray):
-            total += arg.nbytes
+            fixed += arg.nbytes
     for param, _ in plan:
         if isinstance(param, PerChunkParam):
-            total += math.prod(param.shape) * np.dtype(param.dtype).itemsize
+            fixed += math.prod(param.shape) * np.dtype(param.dtype).itemsize
         elif isinstance(param, OutParam):
-            total += largest * np.dtype(param.dtype).itemsize
-    return int(total)
+            per_element += np.dtype(param.dtype).itemsize
+    largest = math.prod(max(c, default=0) for c in block_chunks)
+    return ChunkMemory(int(fixed), int(per_element), int(largest))
 
 
 def _launches(fn, task_args, places, name, meta, per_chunk=None):

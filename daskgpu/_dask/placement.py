@@ -130,26 +130,47 @@ def _launch_called(task, lookup):
 def device_bytes(node, tasks) -> int:
     """The device memory the launches of the task spec ``node`` ask for, in bytes.
 
-    A ``map_kernel`` launch carries what its largest chunk needs, worked out
-    when the graph was built (``device_bytes`` of its ``ChunkLaunch``, read
-    through the map's launch key in ``tasks``, the scheduler's tasks, when
-    it is not in the task). A ``client.submit`` launch asks for its
+    A ``map_kernel`` launch asks what its own chunk needs, from the
+    :class:`~daskgpu._dask.chunk_task.ChunkMemory` worked out when the graph
+    was built (on its ``ChunkLaunch``, read through the map's launch key in
+    ``tasks``, the scheduler's tasks, when it is not in the task) and the
+    block shape in the task's place. A ``client.submit`` launch asks for its
     arguments' bytes: arrays in the task, and the futures it reads, by their
     size on the scheduler. 0 when nothing is known.
     """
+    return _memory_asks(node, tasks)[0]
+
+
+def _memory_asks(node, tasks) -> tuple[int, int]:
+    """``(bytes for this task's chunks, bytes for its maps' largest chunks)``."""
     def spec(key):
         ts = tasks.get(key)
         return None if ts is None else ts.run_spec
 
-    total = 0
+    need = most = 0
     for task in launch_nodes(node):
         launch = _launch_called(task, spec)
-        known = getattr(launch, "device_bytes", None)
-        if known is not None:
-            total += known
+        memory = getattr(launch, "memory", None)
+        if memory is not None:
+            shape = _block_shape(task)
+            need += memory.most if shape is None else memory.for_block(shape)
+            most += memory.most
         else:  # a Launch, submitted with its arguments
-            total += sum(_nbytes(a, tasks) for a in getattr(task, "args", ()))
-    return total
+            asked = sum(_nbytes(a, tasks) for a in getattr(task, "args", ()))
+            need, most = need + asked, most + asked
+    return need, most
+
+
+def _block_shape(task):
+    """The block shape in a ``map_kernel`` task's place (its last argument), else None."""
+    args = getattr(task, "args", ())
+    place = args[-1] if args else None
+    while hasattr(place, "value") and not hasattr(place, "func"):  # a DataNode
+        place = place.value
+    if isinstance(place, tuple) and len(place) == 3 and isinstance(place[1], tuple) \
+            and all(isinstance(n, int) for n in place[1]):
+        return place[1]
+    return None
 
 
 def _reference(node, tasks):
@@ -204,9 +225,14 @@ class GPUPlacement(SchedulerPlugin):
             restrictions = dict(ts.resource_restrictions or {})
             restrictions[GPU] = max(restrictions.get(GPU, 0), LAUNCH_SHARE)
             if largest:
-                need = min(device_bytes(ts.run_spec, scheduler.tasks), largest)
+                need, most = _memory_asks(ts.run_spec, scheduler.tasks)
+                need = min(need, largest)
+                asked = restrictions.get(GPU_MEMORY, 0)
+                # The map's own annotation asks for its largest chunk (what holds where
+                # this plugin is not); its task's own chunk replaces that. An ask above
+                # it is the user's, and kept.
                 if need:
-                    restrictions[GPU_MEMORY] = max(restrictions.get(GPU_MEMORY, 0), need)
+                    restrictions[GPU_MEMORY] = need if asked <= most else max(asked, need)
             ts.resource_restrictions = restrictions
 
 

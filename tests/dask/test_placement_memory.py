@@ -77,6 +77,23 @@ def test_small_chunks_still_run_as_many_as_the_threads(client):
     assert _most_at_once(ts.data) == 2
 
 
+def test_each_launch_asks_what_its_own_chunk_needs(client):
+    # One map of large and small chunks: each task asks for its own chunk (4 bytes in,
+    # 4 out per element), not the largest's, so the small ones still share the device.
+    sizes = (5000, 1000, 1000, 5000, 1000, 1000)
+    x = da.arange(sum(sizes), chunks=(sizes,), dtype=np.float32)
+    z = dg.map_kernel(double, dg.Out(np.float32, like=x), x).persist()
+    np.testing.assert_array_equal(z.compute(), 2 * np.arange(sum(sizes), dtype=np.float32))
+
+    def asked(dask_scheduler):  # by block: the launches, fused with arange or not
+        return {ts.key[1]: ts.resource_restrictions[GPU_MEMORY]
+                for ts in dask_scheduler.tasks.values()
+                if GPU_MEMORY in (ts.resource_restrictions or {})}
+
+    assert client.run_on_scheduler(asked) == {i: 8 * n for i, n in enumerate(sizes)}
+    del z
+
+
 def test_a_chunk_larger_than_any_worker_offers_is_refused_when_the_graph_is_built(client):
     x = da.arange(10000 * 2, chunks=10000, dtype=np.float32)  # 80 KB a chunk
     with pytest.raises(ValueError, match=r"^kernel 'double' needs 78.12 kiB of device memory "

@@ -9,9 +9,9 @@ on 1, 2, ... N GPUs, a cluster of its own for each count.
 its worker for the device memory its chunk needs (the ``GPU-memory``
 resource), so a worker with several threads runs small chunks side by side but
 never two chunks that together need more than its GPU offers. The section maps
-a mix of both, as two maps computed together (a map asks of every chunk what
-its largest needs), on a worker with :data:`SHARING_THREADS` threads against
-one with one thread, as dask-cuda runs a GPU, each on a cluster of its own.
+a mix of both, as two maps computed together, on a worker with
+:data:`SHARING_THREADS` threads against one with one thread, as dask-cuda runs a
+GPU, each on a cluster of its own.
 A large chunk needs two thirds of the worker's offer, declared with
 ``daskgpu.device-memory`` (:attr:`Mix.device_memory`), so that real GPUs and
 small arrays alike have chunks too large to run two at a time. The section
