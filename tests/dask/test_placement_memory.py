@@ -146,12 +146,17 @@ def test_a_gpu_worker_offers_its_device_less_the_margin():
 
 @dg.jit("void(float32[::1], float32[::1], int32)")
 def slow_double(out, x, ms):
-    # Takes ms milliseconds on the device whatever the chunk: tasks long enough to overlap.
+    # About ms milliseconds on the device whatever the chunk: tasks long enough to overlap.
+    # One thread spins on dependent multiply-adds (cuda.nanosleep may return at once, and
+    # were every block to wait, an 80M-element chunk would take minutes).
     i = cuda.grid(1)
-    for _ in range(ms):
-        cuda.nanosleep(1000000)
     if i < out.size:
-        out[i] = 2 * x[i]
+        v = x[i]
+        if i == 0:
+            half = v * np.float32(0.5)
+            for _ in range(ms * 400_000):
+                v = v * np.float32(0.5) + half  # stays x[0]: halving is exact
+        out[i] = 2 * v
 
 
 @pytest.mark.gpu
