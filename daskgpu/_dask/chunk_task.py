@@ -112,13 +112,13 @@ class ChunkLaunch:
     daskgpu_launch = True
 
     def __init__(self, kernel, params, returns, rank, tpb, cupy, ident=None, timeout=None,
-                 memory=ChunkMemory()):
+                 memory=None):
         self.kernel, self.params, self.returns = kernel, params, returns
         self.rank, self.tpb, self.cupy = rank, tpb, cupy
         image = kernel.images[0]
         self.ident = ident or (image.hash, backends.for_image(image).name)
         self.timeout = timeout
-        self.memory = ChunkMemory(*memory)
+        self.memory = ChunkMemory() if memory is None else ChunkMemory(*memory)
 
     def __reduce__(self):
         return ChunkLaunch, (self.kernel, self.params, self.returns, self.rank, self.tpb,

@@ -96,4 +96,3 @@ def test_cli_connects_to_a_tls_scheduler_with_tls_files(tmp_path, capsys):
         assert main([*argv, "--scheduler", address, *tls]) == 0, capsys.readouterr().err
     assert "4/4 chunks written" in capsys.readouterr().out
     np.testing.assert_array_equal(zarr.open_array(str(out), mode="r")[:], 3 * x)
-
