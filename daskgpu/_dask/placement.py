@@ -29,7 +29,8 @@ from distributed.diagnostics.plugin import SchedulerPlugin
 from daskgpu._bounded import BoundedCache
 
 __all__ = ["GPU", "GPUPlacement", "GPU_MEMORY", "LAUNCH_SHARE", "device_bytes",
-           "ensure_placement", "is_launch", "launch_nodes", "memory_offer", "runs_launch"]
+           "ensure_placement", "is_launch", "launch_nodes", "launches_in", "memory_offer",
+           "runs_launch"]
 
 logger = logging.getLogger("daskgpu")
 
@@ -87,44 +88,89 @@ def runs_launch(node, depth: int = 0) -> bool:
 
 def launch_nodes(node, depth: int = 0):
     """The task specs within ``node`` whose callable is a daskgpu launch."""
+    for task, _, _ in launches_in(node, _nothing, depth):
+        yield task
+
+
+def launches_in(node, lookup, depth: int = 0):
+    """``(task, launch, lookup)`` for each task spec within ``node`` that runs a launch.
+
+    ``task`` is the spec whose callable is the launch (or ``run_chunk``);
+    ``launch`` is what it runs: the task's own callable (a ``Launch``), or the
+    ``ChunkLaunch`` (or fused pair) a ``map_kernel`` task reads first, inline
+    or as a reference to the map's launch key, which ``lookup(key)`` resolves
+    (the scheduler's task spec, or a worker's data); None when it cannot.
+    Within a fused subgraph, the values it is handed and its own tasks are
+    looked up first: low-level fusion hands a task its launch and its place
+    that way. ``lookup`` is the one that holds for ``task``'s arguments
+    (:func:`_resolved`).
+    """
     if depth > _MAX_DEPTH:
         return
     func = getattr(node, "func", None)
     if func is not None:
         if is_launch(func) or is_launch(getattr(func, "func", None)):  # functools.partial
-            yield node
+            yield node, _launch_called(node, lookup), lookup
             return
         args = getattr(node, "args", ())
         kwargs = getattr(node, "kwargs", None) or {}
+        if getattr(node, "has_subgraph", lambda: False)():
+            lookup = _subgraph_lookup(args, lookup)
         for a in (*args, *kwargs.values()):
-            yield from launch_nodes(a, depth + 1)
+            yield from launches_in(a, lookup, depth + 1)
     elif isinstance(node, dict):
+        def inner(key, graph=node):
+            return graph[key] if key in graph else lookup(key)
+
         for v in node.values():
-            yield from launch_nodes(v, depth + 1)
+            yield from launches_in(v, inner, depth + 1)
     elif isinstance(node, (tuple, list)):
         for v in node:
-            yield from launch_nodes(v, depth + 1)
+            yield from launches_in(v, lookup, depth + 1)
+
+
+def _nothing(key):
+    return None
+
+
+def _subgraph_lookup(args, lookup):
+    """``lookup`` within a low-level fused task, ``_execute_subgraph(inner, out, inkeys,
+    *values)``: its input keys resolve to the values it is handed (the map's launch key
+    among them, once the scheduler has filled it in), then to its own tasks."""
+    if len(args) < 3 or not isinstance(args[0], dict) or not isinstance(args[2], tuple):
+        return lookup
+    handed = dict(zip(args[2], args[3:]))
+
+    def inner(key):
+        value = handed.get(key)
+        if value is None or (hasattr(value, "key") and not hasattr(value, "value")
+                             and not hasattr(value, "func")):  # a reference: outside
+            return lookup(key)
+        return value
+
+    return inner
 
 
 def _launch_called(task, lookup):
-    """The launch object a launch task calls: the task's own callable (a ``Launch``), or
-    the ``ChunkLaunch`` (or fused pair) that a ``map_kernel`` task reads first, inline or
-    through ``lookup(key)`` (the map's launch is a key of its own); None when unknown.
-    """
+    """The launch object the launch task ``task`` calls (see :func:`launches_in`)."""
     func = task.func
     if hasattr(func, "timeout"):
         return func
     args = getattr(task, "args", ())
-    if not args:
-        return None
-    value = args[0]
-    key = getattr(value, "key", None)
-    if key is not None and not hasattr(value, "func"):  # a reference, or a named DataNode
-        found = lookup(key)
-        value = value if found is None else found
-    while hasattr(value, "value") and not hasattr(value, "func"):  # a DataNode
-        value = value.value
+    value = _resolved(args[0], lookup) if args else None
     return value if hasattr(value, "timeout") else None
+
+
+def _resolved(node, lookup):
+    """An argument's value: a reference to a key through ``lookup`` (itself when that
+    finds nothing), a ``DataNode`` unwrapped; anything else as it is."""
+    key = getattr(node, "key", None)
+    if key is not None and not hasattr(node, "func"):  # a reference, or a named DataNode
+        found = lookup(key)
+        node = node if found is None else found
+    while hasattr(node, "value") and not hasattr(node, "func"):  # a DataNode
+        node = node.value
+    return node
 
 
 def device_bytes(node, tasks) -> int:
@@ -148,11 +194,10 @@ def _memory_asks(node, tasks) -> tuple[int, int]:
         return None if ts is None else ts.run_spec
 
     need = most = 0
-    for task in launch_nodes(node):
-        launch = _launch_called(task, spec)
+    for task, launch, lookup in launches_in(node, spec):
         memory = getattr(launch, "memory", None)
         if memory is not None:
-            shape = _block_shape(task)
+            shape = _block_shape(task, lookup)
             need += memory.most if shape is None else memory.for_block(shape)
             most += memory.most
         else:  # a Launch, submitted with its arguments
@@ -161,12 +206,10 @@ def _memory_asks(node, tasks) -> tuple[int, int]:
     return need, most
 
 
-def _block_shape(task):
+def _block_shape(task, lookup):
     """The block shape in a ``map_kernel`` task's place (its last argument), else None."""
     args = getattr(task, "args", ())
-    place = args[-1] if args else None
-    while hasattr(place, "value") and not hasattr(place, "func"):  # a DataNode
-        place = place.value
+    place = _resolved(args[-1], lookup) if args else None
     if isinstance(place, tuple) and len(place) == 3 and isinstance(place[1], tuple) \
             and all(isinstance(n, int) for n in place[1]):
         return place[1]

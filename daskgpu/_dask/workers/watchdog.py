@@ -27,7 +27,7 @@ import time
 from dask.utils import key_split
 
 from daskgpu import _config
-from daskgpu._dask.placement import is_launch
+from daskgpu._dask.placement import launches_in
 
 __all__ = ["PERIOD", "LaunchWatch", "launch_of", "timeout_message"]
 
@@ -90,30 +90,11 @@ def launch_of(run_spec, data) -> object | None:
     """The launch a task's spec runs (a ``Launch``, ``ChunkLaunch`` or fused pair), read
     through references to keys held in ``data`` (a map's launch is a key of its own);
     None when the task runs none."""
-    return _find(run_spec, data, 0)
+    def held(key):
+        return data[key] if key in data else None
 
-
-def _find(node, data, depth):
-    if depth > 6:
-        return None
-    if is_launch(node) and hasattr(node, "timeout"):
-        return node
-    key = getattr(node, "key", None)
-    if key is not None and not hasattr(node, "func") and key in data:  # a TaskRef
-        found = data[key]
-        return found if is_launch(found) and hasattr(found, "timeout") else None
-    if hasattr(node, "value") and not hasattr(node, "func"):  # a DataNode
-        return _find(node.value, data, depth + 1)
-    func = getattr(node, "func", None)
-    if func is not None:
-        found = _find(func, data, depth + 1)
-        if found is not None:
-            return found
-        for arg in (*getattr(node, "args", ()), *(getattr(node, "kwargs", None) or {}).values()):
-            found = _find(arg, data, depth + 1)
-            if found is not None:
-                return found
-    return None
+    return next((launch for _, launch, _ in launches_in(run_spec, held)
+                 if launch is not None), None)
 
 
 def timeout_message(key, limit: float) -> str:
