@@ -142,10 +142,12 @@ def _subgraph_lookup(args, lookup):
     handed = dict(zip(args[2], args[3:]))
 
     def inner(key):
-        value = handed.get(key)
-        if value is None or (hasattr(value, "key") and not hasattr(value, "value")
-                             and not hasattr(value, "func")):  # a reference: outside
+        if key not in handed:
             return lookup(key)
+        value = handed[key]
+        if hasattr(value, "key") and not hasattr(value, "value") \
+                and not hasattr(value, "func"):  # a reference, to a key outside
+            return lookup(value.key)
         return value
 
     return inner

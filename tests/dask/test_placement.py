@@ -146,28 +146,32 @@ def test_launch_callables_mark_themselves():
     assert isinstance(GPUPlacement(), SchedulerPlugin)
 
 
-@pytest.mark.parametrize("chunks", [2, 100])  # launch inline in each task, or a key of its own
-def test_the_launch_and_its_chunk_are_found_inside_fused_tasks(chunks):
-    # Low-level fusion puts a map's launch among a fused task's inputs (or, with a key of
-    # its own, behind a reference): the scheduler's placement and the worker's time limit
-    # both read it there, and the memory of each task's own block.
+@pytest.mark.parametrize("blocks", [3, 300])  # the launch in each task, or a key of its own
+def test_the_launch_and_its_chunk_are_found_inside_fused_tasks(blocks):
+    # Low-level fusion hands a fused task its map's launch (inline, or a reference to the
+    # launch key) and its place among its inputs: the scheduler's placement and the
+    # worker's time limit both read them there, and the memory of each task's own block.
+    from types import SimpleNamespace
+
+    from daskgpu._dask.mapping import EMBED_BYTES
     from daskgpu._dask.placement import device_bytes
     from daskgpu._dask.workers.watchdog import launch_of
 
     with dask.config.set({"daskgpu.simulate": True}):
-        x = da.zeros(chunks * 3 - 1, chunks=chunks, dtype=np.float32)
+        x = da.zeros(2 * blocks - 1, chunks=2, dtype=np.float32)  # the last block of 1
         z = dg.map_kernel(scale, dg.Out(like=x), np.float32(2), x, timeout=7)
         (fused,) = dask.optimize(z)
     graph = dict(fused.__dask_graph__())
-    launch_key = next((k for k in graph if str(k).endswith("-launch")), None)
-    held = {} if launch_key is None else {launch_key: graph[launch_key].value}
+    keys = [k for k in graph if str(k).endswith("-launch")]
+    assert len(keys) == (blocks > EMBED_BYTES >> 10)
+    held = {k: graph[k].value for k in keys}  # a worker's data
+    scheduler = {k: SimpleNamespace(run_spec=graph[k]) for k in keys}  # its tasks
     tasks = {k: t for k, t in graph.items() if runs_launch(t)}
-    assert len(tasks) == 3 and all(t.has_subgraph() for t in tasks.values())
+    assert len(tasks) == blocks and all(t.has_subgraph() for t in tasks.values())
     for key, task in tasks.items():
         launch = launch_of(task, held)
         assert launch is not None and launch.timeout == 7, key
-        if launch_key is None:  # the scheduler resolves a launch key through its own tasks
-            assert device_bytes(task, {}) == 8 * x.chunks[0][key[1]]
+        assert device_bytes(task, scheduler) == 8 * x.chunks[0][key[1]], key
 
 
 def test_a_client_that_does_not_simulate_ships_python_to_simulated_workers(mixed_cluster):
