@@ -8,19 +8,12 @@ import dask
 import dask.array as da
 import numpy as np
 import pytest
-from numba import cuda
+from kit.kernels import saxpy_lazy as saxpy
 
 import daskgpu as dg
 from daskgpu._bounded import BoundedCache
 from daskgpu._dask import chunk_task, cluster_facts, mapping
 from daskgpu._dask.placement import LAUNCH_SHARE
-
-
-@dg.jit
-def saxpy(out, a, x, y):
-    i = cuda.grid(1)
-    if i < out.size:
-        out[i] = a * x[i] + y[i]
 
 
 def test_the_launch_cache_is_bounded():
@@ -47,6 +40,7 @@ def test_gpu_clusters_remember_only_a_bounded_few():
     assert "tcp://c:1" in seen and "tcp://a:1" not in seen
 
 
+@pytest.mark.slow
 def test_a_gpu_cluster_is_asked_for_its_workers_once():
     pytest.importorskip("distributed")
     from distributed import Client, LocalCluster

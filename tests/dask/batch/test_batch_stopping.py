@@ -20,7 +20,8 @@ import warnings
 import numpy as np
 import psutil
 import pytest
-from batch_helpers import SAXPY_FILE, SAXPY_SIG, saxpy, write_zarr
+from kit.batch import write_zarr
+from kit.kernels import SAXPY_FILE, SAXPY_SIG, saxpy
 
 from daskgpu._cli.batch import main
 from daskgpu._dask.batch import lock as lock_module
@@ -136,6 +137,7 @@ def test_a_signal_to_the_whole_group_stops_the_local_cluster_cleanly(client, job
     _resume_is_exact(job, client, done_chunks(job["out"]))
 
 
+@pytest.mark.slow
 def test_ctrl_c_while_the_local_cluster_starts_is_acted_on_once_it_is_up(job):
     proc = _start(job["argv"])
     me = psutil.Process(proc.pid)
