@@ -179,7 +179,7 @@ def device_bytes(node, tasks) -> int:
     """The device memory the launches of the task spec ``node`` ask for, in bytes.
 
     A ``map_kernel`` launch asks what its own chunk needs, from the
-    :class:`~daskgpu._dask.chunk_task.ChunkMemory` worked out when the graph
+    :class:`~daskgpu._dask.map_kernel.chunk_task.ChunkMemory` worked out when the graph
     was built (on its ``ChunkLaunch``, read through the map's launch key in
     ``tasks``, the scheduler's tasks, when it is not in the task) and the
     block shape in the task's place. A ``client.submit`` launch asks for its

@@ -10,7 +10,7 @@ import pytest
 from numba import cuda
 
 import daskgpu as dg
-from daskgpu._dask.chunk_params import (
+from daskgpu._dask.map_kernel.chunk_params import (
     ChunkContext,
     ChunkParam,
     ChunkPlaces,
@@ -24,7 +24,7 @@ from daskgpu._dask.chunk_params import (
     ValueParam,
     WholeParam,
 )
-from daskgpu._dask.chunk_task import ChunkLaunch, run_chunk
+from daskgpu._dask.map_kernel.chunk_task import ChunkLaunch, run_chunk
 from daskgpu._image.array_info import Zeroed
 from daskgpu._image.random_states import host_states
 from daskgpu._runtime import backends
@@ -211,7 +211,7 @@ def test_parameters_are_frozen_and_pickle_small(param):
 
 
 def test_a_record_dtype_keeps_its_fields():
-    from daskgpu._dask.chunk_params import plain_dtype
+    from daskgpu._dask.map_kernel.chunk_params import plain_dtype
 
     record = np.dtype([("a", "<f4"), ("b", "<i8")])
     assert plain_dtype(np.float32) == "<f4" and plain_dtype(record) == record

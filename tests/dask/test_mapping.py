@@ -11,7 +11,7 @@ import pytest
 from numba import cuda
 
 import daskgpu as dg
-from daskgpu._dask.chunk_task import ChunkLaunch
+from daskgpu._dask.map_kernel.chunk_task import ChunkLaunch
 from daskgpu._dask.placement import LAUNCH_SHARE, runs_launch
 
 

@@ -12,7 +12,7 @@ import pytest
 from numba import cuda
 
 import daskgpu as dg
-from daskgpu._dask import chunk_task
+from daskgpu._dask.map_kernel import chunk_task
 
 
 @pytest.fixture
@@ -115,7 +115,7 @@ def test_what_is_not_fused(simulate, case):
 
 
 def test_chains_are_found_by_name_and_nothing_is_stored_on_the_array(simulate):
-    from daskgpu._dask.launch_plan import chains
+    from daskgpu._dask.map_kernel.selection import chains
 
     _, _, x, y = _inputs()
     first = dg.map_kernel(saxpy, dg.Out(np.float32, like=x), np.float32(2), x, y)

@@ -12,7 +12,9 @@ from numba import cuda
 
 import daskgpu as dg
 from daskgpu._bounded import BoundedCache
-from daskgpu._dask import chunk_task, cluster_facts, mapping
+from daskgpu._dask import cluster_facts
+from daskgpu._dask.map_kernel import api as mapping
+from daskgpu._dask.map_kernel import chunk_task
 from daskgpu._dask.placement import LAUNCH_SHARE
 
 

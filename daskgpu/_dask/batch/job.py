@@ -287,7 +287,7 @@ def _write_tasks(job):
     """One write task per chunk, as a dask array of chunks ``(1, ...)``."""
     import dask.array as da
 
-    from daskgpu._dask.mapping import Out, map_kernel
+    from daskgpu._dask.map_kernel.api import Out, map_kernel
 
     arguments = [Out(a, like=job.first) if isinstance(a, np.dtype) else a
                  for a in job.arguments]

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from daskgpu._dask.arg_kinds import check_array
-from daskgpu._dask.arguments import Out, known_dtype
-from daskgpu._dask.chunk_params import PerChunkParam, is_cupy
+from daskgpu._dask.map_kernel.arg_kinds import check_array
+from daskgpu._dask.map_kernel.arguments import Out, known_dtype
+from daskgpu._dask.map_kernel.chunk_params import PerChunkParam, is_cupy
 
 __all__ = ["check_axis_changes", "check_chunks", "check_dtype", "check_meta", "output_dtype",
            "resolve_outs"]

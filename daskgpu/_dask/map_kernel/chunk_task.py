@@ -1,16 +1,16 @@
 """What one :func:`~daskgpu.map_kernel` task runs on a worker: a launch per chunk.
 
 A :class:`ChunkLaunch` holds the PTX-only kernel plus one small parameter
-object per kernel parameter (:mod:`daskgpu._dask.chunk_params`), so a worker
+object per kernel parameter (:mod:`daskgpu._dask.map_kernel.chunk_params`), so a worker
 needs no compiler and no Python function. Each task runs :func:`run_chunk` on
 it, its chunks and values, and its last argument says where its chunk lies
 (block id, shape, start), so a task carries nothing about the other chunks.
 In a graph of many chunks it is a key of its own, and the kernel's PTX
 travels to each worker once; a small graph carries it in each task, sparing
-the scheduler a round trip (:func:`~daskgpu._dask.mapping._launches`).
+the scheduler a round trip (:func:`~daskgpu._dask.map_kernel.api._launches`).
 :class:`Fused` runs two chained launches in one task, the intermediate staying
 on the GPU. The graph around them is built in
-:mod:`daskgpu._dask.mapping`.
+:mod:`daskgpu._dask.map_kernel.api`.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import NamedTuple
 import numpy as np
 
 from daskgpu._bounded import BoundedCache
-from daskgpu._dask.chunk_params import ChunkContext, ChunkParam, array_module, is_cupy
+from daskgpu._dask.map_kernel.chunk_params import ChunkContext, ChunkParam, array_module, is_cupy
 from daskgpu._runtime import backends, faults
 
 __all__ = ["ChunkLaunch", "ChunkMemory", "Fused", "launches", "run_chunk"]
@@ -77,14 +77,14 @@ class ChunkLaunch:
 
     Called with the task's arguments (chunks, whole arrays and values, in the
     order of the parameters that take them), then the chunk's place
-    ``(block id, shape, start)`` from :class:`~daskgpu._dask.chunk_params.ChunkPlaces`.
+    ``(block id, shape, start)`` from :class:`~daskgpu._dask.map_kernel.chunk_params.ChunkPlaces`.
 
     Parameters
     ----------
     kernel : PTXKernel
         Holds exactly the image selected on the client.
     params : tuple
-        One parameter object of :mod:`daskgpu._dask.chunk_params` per kernel
+        One parameter object of :mod:`daskgpu._dask.map_kernel.chunk_params` per kernel
         parameter (``dg.offset`` is one :class:`OffsetParam` per axis).
     returns : tuple of int
         The parameters returned, in order: outputs, then written dask inputs.

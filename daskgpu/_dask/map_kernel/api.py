@@ -1,14 +1,14 @@
 """Map a kernel over dask arrays: one forall-style launch per chunk.
 
-:func:`map_kernel` validates its arguments (:mod:`daskgpu._dask.arguments`),
+:func:`map_kernel` validates its arguments (:mod:`daskgpu._dask.map_kernel.arguments`),
 plans the kernel image and its parameters on the client
-(:mod:`daskgpu._dask.launch_plan`), then builds the graph with
+(:mod:`daskgpu._dask.map_kernel.selection`), then builds the graph with
 ``da.blockwise`` (after ``unify_chunks`` and, for halos,
 ``da.overlap.overlap``). Each task holds a
-:class:`~daskgpu._dask.chunk_task.ChunkLaunch`, what runs on the worker, and
-gets its own chunk's place from :class:`~daskgpu._dask.chunk_params.ChunkPlaces`.
+:class:`~daskgpu._dask.map_kernel.chunk_task.ChunkLaunch`, what runs on the worker, and
+gets its own chunk's place from :class:`~daskgpu._dask.map_kernel.chunk_params.ChunkPlaces`.
 A ``map_kernel`` over the output of another runs both launches in one task
-per chunk (:func:`~daskgpu._dask.launch_plan.fuse`; setting
+per chunk (:func:`~daskgpu._dask.map_kernel.selection.fuse`; setting
 ``daskgpu.fuse-chains``), intermediates on the GPU.
 """
 
@@ -23,13 +23,27 @@ from numbers import Integral
 import numpy as np
 
 from daskgpu._config import flag
-from daskgpu._dask import reduction
-from daskgpu._dask.arg_kinds import check_extras, classify
-from daskgpu._dask.arguments import Out, mapped_rank, offset
-from daskgpu._dask.chunk_params import ChunkParam, ChunkPlaces, OutParam, PerChunkParam, is_cupy
-from daskgpu._dask.chunk_task import ChunkLaunch, ChunkMemory, run_chunk
 from daskgpu._dask.cluster_facts import check_chunk_fits, check_workers_link, cluster_facts
-from daskgpu._dask.launch_plan import (
+from daskgpu._dask.map_kernel import reduction
+from daskgpu._dask.map_kernel.arg_kinds import check_extras, classify
+from daskgpu._dask.map_kernel.arguments import Out, mapped_rank, offset
+from daskgpu._dask.map_kernel.chunk_params import (
+    ChunkParam,
+    ChunkPlaces,
+    OutParam,
+    PerChunkParam,
+    is_cupy,
+)
+from daskgpu._dask.map_kernel.chunk_task import ChunkLaunch, ChunkMemory, run_chunk
+from daskgpu._dask.map_kernel.keywords import (
+    check_axis_changes,
+    check_chunks,
+    check_dtype,
+    check_meta,
+    output_dtype,
+    resolve_outs,
+)
+from daskgpu._dask.map_kernel.selection import (
     ChainLink,
     chains,
     check_block_size,
@@ -38,14 +52,6 @@ from daskgpu._dask.launch_plan import (
     plan_params,
     select_image,
     shipped,
-)
-from daskgpu._dask.map_keywords import (
-    check_axis_changes,
-    check_chunks,
-    check_dtype,
-    check_meta,
-    output_dtype,
-    resolve_outs,
 )
 from daskgpu._dask.placement import GPU, GPU_MEMORY, LAUNCH_SHARE
 from daskgpu._runtime import backends

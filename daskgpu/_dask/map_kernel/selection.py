@@ -2,13 +2,13 @@
 
 :func:`select_image` picks the kernel image that takes the chunks' types and
 :func:`shipped` the PTX-only kernel the tasks carry; :func:`plan_params` asks
-every argument's kind (:mod:`daskgpu._dask.arg_kinds`) for its kernel
-parameters (:mod:`daskgpu._dask.chunk_params`).
+every argument's kind (:mod:`daskgpu._dask.map_kernel.arg_kinds`) for its kernel
+parameters (:mod:`daskgpu._dask.map_kernel.chunk_params`).
 :func:`fuse` runs the launches of an earlier ``map_kernel`` whose result is
 read here in the same tasks: each ``map_kernel`` whose one result is an
 aligned output without halos records how it was made in :data:`chains`, a
 bounded registry keyed by the result's name (nothing is stored on the dask
-array). The graph is built in :mod:`daskgpu._dask.mapping`.
+array). The graph is built in :mod:`daskgpu._dask.map_kernel.api`.
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ import weakref
 from typing import Any, NamedTuple
 
 from daskgpu._bounded import BoundedCache
-from daskgpu._dask.arg_kinds import OffsetKind, Planning
-from daskgpu._dask.chunk_params import ChunkParam, FlatChunkParam
-from daskgpu._dask.chunk_task import Fused
+from daskgpu._dask.map_kernel.arg_kinds import OffsetKind, Planning
+from daskgpu._dask.map_kernel.chunk_params import ChunkParam, FlatChunkParam
+from daskgpu._dask.map_kernel.chunk_task import Fused
 from daskgpu._errors import CompileError
 from daskgpu._image.ptx import shared_memory
 from daskgpu._runtime import dispatch
@@ -236,10 +236,10 @@ def plan_params(kernel_name, image, roles, arrays, out_chunks, simulate: bool, f
     """What each kernel parameter is per chunk, and which of them a task returns.
 
     Each argument's kind plans its own parameters
-    (:mod:`daskgpu._dask.arg_kinds`). With ``flat``, chunks and aligned
+    (:mod:`daskgpu._dask.map_kernel.arg_kinds`). With ``flat``, chunks and aligned
     outputs are passed as flat 1-D arrays. Returns ``(plan, returns)``: one
-    :class:`~daskgpu._dask.arg_kinds.Planned` per kernel parameter
-    (``dg.offset`` is one per axis), and a :class:`~daskgpu._dask.arg_kinds.Result` for each output,
+    :class:`~daskgpu._dask.map_kernel.arg_kinds.Planned` per kernel parameter
+    (``dg.offset`` is one per axis), and a :class:`~daskgpu._dask.map_kernel.arg_kinds.Result` for each output,
     then for each dask input the kernel writes.
     """
     planning = Planning(kernel_name, frozenset(image.writes), out_chunks, simulate, flat,
