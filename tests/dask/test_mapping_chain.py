@@ -115,7 +115,7 @@ def test_what_is_not_fused(simulate, case):
 
 
 def test_chains_are_found_by_name_and_nothing_is_stored_on_the_array(simulate):
-    from daskgpu._dask.map_kernel.selection import chains
+    from daskgpu._dask.map_kernel.chains import chains
 
     _, _, x, y = _inputs()
     first = dg.map_kernel(saxpy, dg.Out(np.float32, like=x), np.float32(2), x, y)

@@ -14,7 +14,7 @@ import daskgpu as dg
 from daskgpu._bounded import BoundedCache
 from daskgpu._dask import cluster_facts
 from daskgpu._dask.map_kernel import api as mapping
-from daskgpu._dask.map_kernel import chunk_task
+from daskgpu._dask.map_kernel import chunk_task, graph_hlg
 from daskgpu._dask.placement import LAUNCH_SHARE
 
 
@@ -73,7 +73,7 @@ def test_a_gpu_cluster_is_asked_for_its_workers_once():
 
 def test_the_out_placeholder_has_the_chunks_and_no_tasks():
     x = da.ones((6, 4), chunks=(4, 3))
-    p = mapping.placeholder(dg.Out(np.float32, like=x))
+    p = graph_hlg.placeholder(dg.Out(np.float32, like=x))
     assert p.chunks == x.chunks and len(dict(p.__dask_graph__())) == 0
 
 
@@ -112,14 +112,14 @@ def test_ten_thousand_chunks_build_in_a_few_seconds(graph_costs):
 def test_a_small_graph_carries_the_launch_in_each_task_a_large_one_reads_one_key():
     # A key of its own costs a round trip through the scheduler before any
     # chunk starts; it pays for itself once the tasks would carry more bytes
-    # of the launch than mapping.EMBED_BYTES together.
+    # of the launch than graph_hlg.EMBED_BYTES together.
     from dask._task_spec import DataNode
 
     from daskgpu._cli.bench import scale
 
     one = scale.saxpy(scale.ones(1))
     size = len(pickle.dumps(dict(one.__dask_graph__())[(one.name, 0)].args[0].value))
-    most = mapping.EMBED_BYTES // size
+    most = graph_hlg.EMBED_BYTES // size
     for count, embedded in ((1, True), (most, True), (most + 1, False)):
         arr = scale.saxpy(scale.ones(count))
         graph = dict(arr.__dask_graph__())
@@ -176,7 +176,7 @@ def test_the_launch_key_is_no_root_for_fuse_roots_to_fuse_into_the_tasks():
 
     arr = _large_saxpy()
     graph = arr.__dask_graph__()
-    assert graph.layers[f"{arr.name}-launch"].annotations == mapping.LAUNCH_KEY_ANNOTATION
+    assert graph.layers[f"{arr.name}-launch"].annotations == graph_hlg.LAUNCH_KEY_ANNOTATION
     fused = fuse_roots(graph, keys=list(arr.__dask_keys__()))
     assert isinstance(fused.layers[arr.name], Blockwise)
     assert not fused.layers[arr.name].is_materialized()

@@ -153,7 +153,7 @@ def test_the_launch_and_its_chunk_are_found_inside_fused_tasks(blocks):
     # worker's time limit both read them there, and the memory of each task's own block.
     from types import SimpleNamespace
 
-    from daskgpu._dask.map_kernel.api import EMBED_BYTES
+    from daskgpu._dask.map_kernel.graph_hlg import EMBED_BYTES
     from daskgpu._dask.placement import device_bytes
     from daskgpu._dask.workers.watchdog import launch_of
 

@@ -1,63 +1,40 @@
 """Map a kernel over dask arrays: one forall-style launch per chunk.
 
-:func:`map_kernel` validates its arguments (:mod:`daskgpu._dask.map_kernel.arguments`),
-plans the kernel image and its parameters on the client
-(:mod:`daskgpu._dask.map_kernel.selection`), then builds the graph with
-``da.blockwise`` (after ``unify_chunks`` and, for halos,
-``da.overlap.overlap``). Each task holds a
-:class:`~daskgpu._dask.map_kernel.chunk_task.ChunkLaunch`, what runs on the worker, and
-gets its own chunk's place from :class:`~daskgpu._dask.map_kernel.chunk_params.ChunkPlaces`.
-A ``map_kernel`` over the output of another runs both launches in one task
-per chunk (:func:`~daskgpu._dask.map_kernel.selection.fuse`; setting
-``daskgpu.fuse-chains``), intermediates on the GPU.
+:func:`map_kernel` validates and plans the call once (:func:`.plan.plan_map`,
+a :class:`~.plan.MapPlan`), then builds its tasks on the graph layer that
+``dask.array`` runs on in this process: the HighLevelGraph
+(:mod:`.graph_hlg`) or array expressions (:mod:`.graph_expr`,
+``array.query-planning``), which answer the same few questions (align the
+chunks, halos, the launch layer, the combine). Each task holds a
+:class:`~.chunk_task.ChunkLaunch`, what runs on the worker, and gets its own
+chunk's place from :class:`~.chunk_params.ChunkPlaces`. A ``map_kernel`` over
+the output of another runs both launches in one task per chunk
+(:func:`.chains.fuse`; setting ``daskgpu.fuse-chains``), intermediates on the
+GPU.
 """
 
 from __future__ import annotations
 
 import math
 import operator
-import pickle
 from contextlib import nullcontext
 from numbers import Integral
 
 import numpy as np
 
 from daskgpu._config import flag
-from daskgpu._dask.cluster_facts import check_chunk_fits, check_workers_link, cluster_facts
-from daskgpu._dask.map_kernel import reduction
-from daskgpu._dask.map_kernel.arg_kinds import check_extras, classify
-from daskgpu._dask.map_kernel.arguments import Out, mapped_rank, offset
-from daskgpu._dask.map_kernel.chunk_params import (
-    ChunkParam,
-    ChunkPlaces,
-    OutParam,
-    PerChunkParam,
-    is_cupy,
-)
-from daskgpu._dask.map_kernel.chunk_task import ChunkLaunch, ChunkMemory, run_chunk
-from daskgpu._dask.map_kernel.keywords import (
-    check_axis_changes,
-    check_chunks,
-    check_dtype,
-    check_meta,
-    output_dtype,
-    resolve_outs,
-)
-from daskgpu._dask.map_kernel.selection import (
-    ChainLink,
-    chains,
-    check_block_size,
-    check_kernel,
-    fuse,
-    plan_params,
-    select_image,
-    shipped,
-)
+from daskgpu._dask.cluster_facts import check_chunk_fits
+from daskgpu._dask.map_kernel.arguments import Out, offset
+from daskgpu._dask.map_kernel.chains import ChainLink, chains, fuse
+from daskgpu._dask.map_kernel.chunk_params import ChunkPlaces, OutParam, PerChunkParam
+from daskgpu._dask.map_kernel.chunk_task import ChunkLaunch, ChunkMemory
+from daskgpu._dask.map_kernel.graph_hlg import HLGLayer
+from daskgpu._dask.map_kernel.keywords import check_chunks
+from daskgpu._dask.map_kernel.plan import MapPlan, plan_map
+from daskgpu._dask.map_kernel.reduction import mapped_axes
 from daskgpu._dask.placement import GPU, GPU_MEMORY, LAUNCH_SHARE
-from daskgpu._runtime import backends
-from daskgpu._runtime.launch import check_timeout
 
-__all__ = ["Out", "map_kernel", "offset"]
+__all__ = ["Out", "graph_layer", "map_kernel", "offset"]
 
 
 # -- building the graph -------------------------------------------------------
@@ -239,94 +216,42 @@ def map_kernel(kernel, *args, depth=None, boundary=None, tpb=0, name=None, grid_
     ...     dg.map_kernel(saxpy, dg.Out(), np.float32(2), x, x, dtype=np.float32).compute()[0]
     array([ 0.,  3.,  6.,  9., 12., 15.], dtype=float32)
     """
-    check_kernel(kernel)
-    if operator.index(tpb) < 0:
-        raise ValueError(f"tpb must be 0 (automatic) or positive, got {tpb!r}")
-    check_axis_changes(drop_axis, new_axis)
-    dtype = output_dtype(dtype, meta)
-    args = resolve_outs(args, dtype, meta)
-    roles, arrays = classify(args)
-    check_meta(meta, arrays)
-    ndim = mapped_rank(arrays)
-    check_extras(roles, ndim, depth)
-    image, rank, flat = select_image(kernel, roles, arrays, ndim, grid_ndim)
-    check_block_size(kernel.__name__, image, int(tpb))
-    if flat:
-        _check_flat_halo(kernel.__name__, depth, ndim)
-    cluster = cluster_facts()
-    check_workers_link(image, kernel.__name__, cluster)  # once, not per chunk
-    # Simulated workers run the Python function, whether or not this process simulates.
-    simulate = backends.current().simulated or cluster.simulates
-    ship = shipped(kernel, image, simulate)
-    aligned, out_chunks = _align(arrays, ndim)
-    plan, returns = plan_params(kernel.__name__, image, roles, arrays, out_chunks, simulate,
-                                flat)
-    check_dtype(kernel.__name__, returns, dtype)
-    if name is None:  # as da.map_blocks: name= is the full key name, token= its prefix
-        from dask.base import tokenize
-
-        name = f"{token or kernel.__name__}-" + tokenize(
-            image.hash, kernel.__name__, args, depth, boundary, int(tpb), rank, simulate,
-            timeout)
-    name = str(name)
-    results = _build_graph(ship, plan, returns, arrays, aligned, out_chunks, rank=rank,
-                           tpb=int(tpb), depth=depth, boundary=boundary, name=name,
-                           timeout=check_timeout(timeout), cluster=cluster,
-                           kernel_name=kernel.__name__)
+    layer = graph_layer()
+    plan = plan_map(kernel, args, depth=depth, boundary=boundary, tpb=tpb, name=name,
+                    grid_ndim=grid_ndim, split_every=split_every, token=token, dtype=dtype,
+                    meta=meta, drop_axis=drop_axis, new_axis=new_axis, timeout=timeout,
+                    align=layer.align)
+    results = _build(plan, layer)
     if chunks is not None:
-        check_chunks(chunks, results, plan, returns)
-    return _combined(results, plan, returns, len(out_chunks), split_every, name)
+        check_chunks(chunks, results, plan.returns)
+    return _combined(results, plan, layer)
 
 
-def _check_flat_halo(kernel_name, depth, ndim):
-    """Refuse halos for a kernel that sees N-D chunks flat: it cannot find its neighbours."""
-    if depth is not None and any(
-            depth.values() if isinstance(depth, dict) else np.atleast_1d(depth).tolist()):
-        raise ValueError(
-            f"kernel {kernel_name!r} indexes its {ndim}-D chunks flat (a rank-1 kernel), so "
-            f"it cannot find a halo's neighbours (depth={depth!r}); write it over cuda.grid("
-            f"{ndim}) with {ndim}-D arrays, or map without depth"
-        )
+def graph_layer():
+    """The graph layer that ``dask.array`` runs on here: expressions or HighLevelGraph."""
+    if not expressions_enabled():
+        return HLGLayer
+    from daskgpu._dask.map_kernel.graph_expr import ExprLayer
+
+    return ExprLayer
 
 
-def _align(arrays, ndim):
-    """Unify chunks as ``da.blockwise`` does (right-aligned broadcasting)."""
-    from dask.array.core import unify_chunks
+def expressions_enabled() -> bool:
+    """Whether ``dask.array`` runs on array expressions in this process.
 
-    dask_arrays = [placeholder(a) if isinstance(a, Out) else a for a in arrays]
-    pairs = []
-    for a in dask_arrays:
-        pairs += [a, tuple(reversed(range(a.ndim)))]
-    try:
-        chunkss, aligned = unify_chunks(*pairs, warn=False)
-    except ValueError as exc:
-        shapes = ", ".join(
-            f"{'Out' if isinstance(a, Out) else 'array'} {tuple(a.shape)}" for a in arrays
-        )
-        raise ValueError(
-            f"map_kernel cannot align the chunks of its arrays ({shapes}): {exc}. "
-            "Give arrays and outputs shapes that broadcast together."
-        ) from None
-    out_chunks = tuple(chunkss[ndim - 1 - ax] for ax in range(ndim))
-    return list(aligned), out_chunks
-
-
-def placeholder(out: Out):
-    """A dask array of ``out``'s shape and chunks that costs no memory per chunk."""
+    Dask reads ``array.query-planning`` once, when ``dask.array`` is first
+    imported; older Dask versions have no expressions at all.
+    """
     import dask.array as da
 
-    # Only its chunks are read (to align them): a graph without tasks
-    # costs a fraction of da.broadcast_to's (0.16 against 0.03 ms here).
-    return da.Array({}, "daskgpu-out-placeholder", out.chunks,
-                    meta=np.empty((0,) * len(out.shape), np.bool_))
+    check = getattr(da, "array_expr_enabled", None)
+    return bool(check()) if check is not None else False
 
 
-def _halo(aligned, out_chunks, ndim, depth, boundary):
+def _halo(plan: MapPlan, layer):
     """Overlap every array as ``map_overlap`` does; return them and the halo spec."""
-    from dask.array.overlap import coerce_boundary, coerce_depth, overlap
-
-    depth = coerce_depth(ndim, depth)
-    boundary = coerce_boundary(ndim, boundary)
+    aligned, ndim = list(plan.aligned), plan.ndim
+    depth, boundary = layer.coerce_halo(ndim, plan.depth, plan.boundary)
     for ax, d in depth.items():
         if not isinstance(d, Integral) or d < 0:
             raise ValueError(
@@ -342,16 +267,15 @@ def _halo(aligned, out_chunks, ndim, depth, boundary):
                 f"got one of shape {a.shape}. Broadcast it first (da.broadcast_to)."
             )
     for ax, d in depth.items():
-        smallest = min(out_chunks[ax]) if out_chunks[ax] else 0
+        smallest = min(plan.out_chunks[ax]) if plan.out_chunks[ax] else 0
         if d > smallest:
             raise ValueError(
                 f"map_kernel depth {d} on axis {ax} is deeper than the smallest chunk "
-                f"({smallest} elements; chunks {out_chunks[ax]}). Rechunk so every chunk "
-                f"on axis {ax} has at least {d} elements (x.rechunk(...)), or use a "
+                f"({smallest} elements; chunks {plan.out_chunks[ax]}). Rechunk so every "
+                f"chunk on axis {ax} has at least {d} elements (x.rechunk(...)), or use a "
                 "smaller depth."
             )
-    overlapped = [overlap(a, depth=depth, boundary=boundary, allow_rechunk=False)
-                  for a in aligned]
+    overlapped = layer.overlap(aligned, depth, boundary)
     left = tuple(boundary[ax] != "none" for ax in range(ndim))
     return overlapped, tuple(int(depth[ax]) for ax in range(ndim)), left, (depth, boundary)
 
@@ -365,178 +289,77 @@ def _places(block_chunks, out_chunks, halo, left) -> ChunkPlaces:
     return ChunkPlaces(block_chunks, starts)
 
 
-def _meta_base(arrays):
-    for a in arrays:
-        meta = a.meta if isinstance(a, Out) else a._meta
-        if meta is not None and is_cupy(meta):
-            return meta
-    return None
-
-
-def _build_graph(ship, plan, returns, arrays, aligned, out_chunks, *, rank, tpb, depth,
-                 boundary, name, cluster, kernel_name, timeout=None):
-    """One launch task per chunk, on ``da.blockwise``; the results as dask arrays."""
+def _build(plan: MapPlan, layer) -> tuple:
+    """One launch task per chunk, on ``layer``; the results as dask arrays."""
     import dask
     from dask.array.core import broadcast_chunks
-    from dask.array.overlap import trim_internal
-    from dask.array.utils import meta_from_array
 
-    ndim = len(out_chunks)
-    blocks, halo, left, trim = _halo(aligned, out_chunks, ndim, depth, boundary)
-    base = _meta_base(arrays)
+    ndim = plan.ndim
+    blocks, halo, left, trim = _halo(plan, layer)
     # Outputs are allocated in the task that launches on them: a task per
     # output chunk would double the graph and the scheduler's work.
     block_chunks = broadcast_chunks(*(b.chunks for b in blocks))
-    places = _places(block_chunks, out_chunks, halo, left)
-    task_args = [blocks[source] if isinstance(param, ChunkParam) else source
-                 for param, source in plan if param.takes_value]
-    need = _chunk_memory(plan, task_args, block_chunks, on_device=base is not None)
-    check_chunk_fits(need.most, kernel_name, cluster)
-    fn = ChunkLaunch(ship, tuple(p.param for p in plan), tuple(r.index for r in returns),
-                     rank, tpb, base is not None, timeout=timeout, memory=need)
+    places = _places(block_chunks, plan.out_chunks, halo, left)
+    task_args = plan.task_sources(blocks)
+    need = _chunk_memory(plan, task_args, block_chunks)
+    check_chunk_fits(need.most, plan.kernel_name, plan.cluster)
+    fn = ChunkLaunch(plan.kernel, plan.param_objects, tuple(r.index for r in plan.returns),
+                     plan.rank, plan.tpb, plan.on_device, timeout=plan.timeout, memory=need)
     if not any(halo) and flag("fuse-chains", True):
-        fn, task_args = fuse(fn, task_args, plan, arrays, blocks, block_chunks)
-
-    def meta_of(dtype, nd):
-        if base is not None:
-            return meta_from_array(base, nd, dtype)
-        return np.empty((0,) * nd, dtype=dtype)
-
-    # Per result: its shape per launch, when it is a per-chunk output.
-    per_chunk = [plan[r.index].param.shape if isinstance(plan[r.index].param, PerChunkParam)
-                 else None for r in returns]
-    # Kept through blockwise fusion; the scheduler's placement plugin covers the rest.
-    asks = {GPU: LAUNCH_SHARE, **({GPU_MEMORY: fn.device_bytes} if cluster.gpu_memory else {})}
-    with dask.annotate(resources=asks) if cluster.offers_gpu else nullcontext():
+        fn, task_args = fuse(fn, task_args, plan, blocks, block_chunks)
+    name, returns = plan.name, plan.returns
+    # Kept through blockwise fusion on the HighLevelGraph layer; the scheduler's
+    # placement plugin covers the rest (and expressions, which carry no annotations).
+    asks = {GPU: LAUNCH_SHARE,
+            **({GPU_MEMORY: fn.device_bytes} if plan.cluster.gpu_memory else {})}
+    with dask.annotate(resources=asks) if plan.cluster.offers_gpu else nullcontext():
         if len(returns) == 1:
-            meta = meta_of(returns[0].dtype, ndim + len(per_chunk[0] or ()))
-            results = [_launches(fn, task_args, places, name, meta, per_chunk[0])]
+            r = returns[0]
+            meta = plan.meta(r.dtype, ndim + len(r.per_chunk or ()))
+            results = [layer.launches(fn, task_args, places, name, meta, r.per_chunk)]
         else:
-            launched = _launches(fn, task_args, places, name,
-                                 np.empty((0,) * ndim, dtype=object))
+            launched = layer.launches(fn, task_args, places, name,
+                                      np.empty((0,) * ndim, dtype=object))
             results = [
                 launched.map_blocks(operator.getitem, i, name=f"{name}-out{i}",
-                                    meta=meta_of(r.dtype, ndim + len(per or ())),
-                                    **_block_layout(block_chunks, per))
-                for i, (r, per) in enumerate(zip(returns, per_chunk))
+                                    meta=plan.meta(r.dtype, ndim + len(r.per_chunk or ())),
+                                    **_block_layout(block_chunks, r.per_chunk))
+                for i, r in enumerate(returns)
             ]
     if trim is not None:
-        results = [trim_internal(r, *trim) for r in results]
-    elif len(returns) == 1 and isinstance(plan[returns[0].index].param, OutParam):
+        results = [layer.trim(r, *trim) for r in results]
+    elif len(returns) == 1 and returns[0].aligned_output:
         # A later map_kernel over this result may fuse its launches with these.
         chains.put(results[0].name, ChainLink(results[0], fn, task_args,
-                                              plan[returns[0].index].param.layout))
-    return results[0] if len(results) == 1 else tuple(results)
+                                              returns[0].param.layout))
+    return tuple(results)
 
 
-def _chunk_memory(plan, task_args, block_chunks, on_device: bool) -> ChunkMemory:
+def _chunk_memory(plan: MapPlan, task_args, block_chunks) -> ChunkMemory:
     """The device memory a chunk's launch needs: its chunks and whole arrays copied in
-    (CuPy chunks are there already), and its outputs, as a function of its block.
-
-    Examples
-    --------
-    >>> import dask.array as da
-    >>> x = da.ones(1000, chunks=400, dtype="f4")
-    >>> plan = [(OutParam("f4", "C"), None), (ChunkParam("C", written=False), 0)]
-    >>> m = _chunk_memory(plan, [x], x.chunks, on_device=False)  # 4 bytes in, 4 out
-    >>> m.most, m.for_block((200,))
-    (3200, 1600)
-    """
+    (CuPy chunks are there already), and its outputs, as a function of its block."""
     import dask.array as da
 
     block_chunks = tuple(tuple(axis) for axis in block_chunks)
     fixed = per_element = 0
     for arg in task_args:
         if isinstance(arg, da.Array):
-            if on_device:
+            if plan.on_device:
                 continue
             if tuple(map(tuple, arg.chunks)) == block_chunks:
-                per_element += arg.dtype.itemsize
+                per_element += np.dtype(arg.dtype).itemsize
             else:  # broadcast along some axis: counted at its largest chunk
-                fixed += math.prod(max(c, default=0) for c in arg.chunks) * arg.dtype.itemsize
+                fixed += (math.prod(max(c, default=0) for c in arg.chunks)
+                          * np.dtype(arg.dtype).itemsize)
         elif isinstance(arg, np.ndarray):
             fixed += arg.nbytes
-    for param, _ in plan:
+    for param in plan.param_objects:
         if isinstance(param, PerChunkParam):
             fixed += math.prod(param.shape) * np.dtype(param.dtype).itemsize
         elif isinstance(param, OutParam):
             per_element += np.dtype(param.dtype).itemsize
     largest = math.prod(max(c, default=0) for c in block_chunks)
     return ChunkMemory(int(fixed), int(per_element), int(largest))
-
-
-def _launches(fn, task_args, places, name, meta, per_chunk=None):
-    """The launch layer: ``fn`` per block on its arguments' blocks and its place.
-
-    ``fn`` (the kernel's PTX and the parameters) is a key of the graph of its
-    own, ``<name>-launch``, which every task reads: it travels once to each
-    worker (and once to the scheduler), so a task is about as small as a
-    ``map_blocks`` task, whatever the PTX and the number of chunks. A graph
-    whose tasks would together carry at most :data:`EMBED_BYTES` of it
-    carries ``fn`` in each task instead: that key costs a round trip through
-    the scheduler before any chunk starts (7 ms on the H200, against 16
-    chunks of 64 MiB taking 0.12 s). Arrays broadcast right-aligned, as in
-    ``da.map_blocks``; a per-chunk output adds its axes after the mapped
-    ones, one block of ``per_chunk`` per launch.
-    """
-    import dask.array as da
-
-    ndim = len(places.chunks)
-    mapped = tuple(range(ndim))[::-1]
-    pairs = [fn if _embeds(fn, math.prod(len(c) for c in places.chunks))
-             else _launch_key(fn, f"{name}-launch"), None]
-    for a in task_args:
-        pairs += [a, tuple(range(a.ndim))[::-1] if isinstance(a, da.Array) else None]
-    new = tuple(range(ndim, ndim + len(per_chunk or ())))
-    return da.blockwise(
-        run_chunk, mapped + new, *pairs, places, mapped, name=name, meta=meta,
-        new_axes=dict(zip(new, per_chunk or ())),
-        adjust_chunks=None if per_chunk is None else dict.fromkeys(mapped, 1),
-        align_arrays=False, concatenate=True)
-
-
-#: The annotation of a launch key's layer: marks it as the launch the tasks read.
-LAUNCH_KEY_ANNOTATION = {"daskgpu": "launch"}
-
-
-def _launch_key(fn, key: str):
-    """``fn`` as the key ``key`` of a graph, its layer marked :data:`LAUNCH_KEY_ANNOTATION`.
-
-    Marked, Dask's ``fuse_roots`` does not take it for a root input to fuse
-    into the tasks (it fuses the roots of a layer whose annotations all
-    match): every task reads it, so that step fuses no more than low-level
-    fusion does anyway, and gives the same graph, but it first turns the
-    layers into dicts of tasks and culls them key by key: a tenth to a
-    sixth of a 20,000-chunk graph's build time. On a cluster that offers
-    GPUs, the resources annotation of the tasks' layer keeps it out already.
-
-    Examples
-    --------
-    >>> launch = _launch_key("the launch", "saxpy-launch")
-    >>> launch.key, launch.__dask_graph__().layers["saxpy-launch"].annotations
-    ('saxpy-launch', {'daskgpu': 'launch'})
-    """
-    import dask
-    from dask._task_spec import DataNode
-    from dask.delayed import Delayed
-    from dask.highlevelgraph import HighLevelGraph, MaterializedLayer
-
-    annotations = {**(dask.get_annotations() or {}), **LAUNCH_KEY_ANNOTATION}
-    # As dask.delayed(fn, name=key, traverse=False) holds it, but for the mark.
-    layer = MaterializedLayer({key: DataNode(key, fn)}, annotations=annotations)
-    return Delayed(key, HighLevelGraph({key: layer}, {key: set()}))
-
-
-#: The most bytes of a pickled launch (``fn`` of :func:`_launches`) that a graph's
-#: tasks carry together, one copy each, rather than read it from a key of its own.
-EMBED_BYTES = 256 << 10
-
-
-def _embeds(fn, tasks: int) -> bool:
-    """Whether ``tasks`` tasks carry ``fn`` themselves: together at most :data:`EMBED_BYTES`."""
-    if tasks > EMBED_BYTES >> 10:  # a launch pickles to more than 1 KiB: not worth pickling
-        return False
-    return tasks * len(pickle.dumps(fn)) <= EMBED_BYTES
 
 
 def _block_layout(block_chunks, per_chunk):
@@ -548,15 +371,14 @@ def _block_layout(block_chunks, per_chunk):
             "new_axis": list(range(ndim, ndim + len(per_chunk)))}
 
 
-def _combined(results, plan, returns, ndim, split_every, name):
-    """The results, each per-chunk output with a ``combine`` reduced across chunks."""
-    many = isinstance(results, tuple)
+def _combined(results, plan: MapPlan, layer):
+    """The results, each per-chunk output with a ``combine`` reduced across chunks; one
+    result bare."""
     done = []
-    for k, (result, r) in enumerate(zip(results if many else (results,), returns)):
-        param, out = plan[r.index]
-        if isinstance(param, PerChunkParam) and out.fold is not None:
-            result = reduction.combine_partials(result, ndim, out.fold, split_every,
-                                                name=f"{name}-combine{k}",
-                                                axis=reduction.mapped_axes(out.axis, ndim))
+    for k, (result, r) in enumerate(zip(results, plan.returns)):
+        if r.fold is not None:
+            result = layer.combine(result, plan.ndim, r.fold, plan.split_every,
+                                   f"{plan.name}-combine{k}",
+                                   mapped_axes(r.out.axis, plan.ndim))
         done.append(result)
-    return tuple(done) if many else done[0]
+    return done[0] if len(done) == 1 else tuple(done)
