@@ -316,7 +316,8 @@ def _build(plan: MapPlan, layer) -> tuple:
         if len(returns) == 1:
             r = returns[0]
             meta = plan.meta(r.dtype, ndim + len(r.per_chunk or ()))
-            results = [layer.launches(fn, task_args, places, name, meta, r.per_chunk)]
+            results = [layer.launches(fn, task_args, places, name, meta, r.per_chunk,
+                                      token=plan.token)]
         else:
             launched = layer.launches(fn, task_args, places, name,
                                       np.empty((0,) * ndim, dtype=object))

@@ -27,6 +27,7 @@ from dask._expr import Expr
 from dask._task_spec import DataNode
 from dask.array._array_expr._blockwise import Blockwise
 from dask.array._array_expr._expr import ArrayExpr
+from dask.tokenize import _tokenize_deterministic
 
 from daskgpu._dask.map_kernel.arguments import Out
 from daskgpu._dask.map_kernel.chunk_task import run_chunk
@@ -56,11 +57,10 @@ class MapKernel(Blockwise):
     """One ``map_kernel`` launch per block: :func:`run_chunk` on the launch (inline, or a
     reference to its :class:`LaunchKey` operand), the blocks and their places."""
 
-    _parameters = ["launch_key", "out_ind", "name", "_meta_provided", "new_axes",
-                   "adjust_chunks"]
-    _defaults = {"launch_key": None, "new_axes": None, "adjust_chunks": None}
+    _parameters = ["launch_key", "out_ind", "name", "token", "map_id", "_meta_provided",
+                   "new_axes", "adjust_chunks"]
+    _defaults = {"launch_key": None, "name": None, "new_axes": None, "adjust_chunks": None}
     func = staticmethod(run_chunk)
-    token = "map_kernel"
     align_arrays = False
     concatenate = True
     kwargs: dict = {}
@@ -73,8 +73,12 @@ class MapKernel(Blockwise):
     def new_axes(self):
         return self.operand("new_axes") or {}
 
-    def _lower(self):  # its blocks are aligned already, when it is made
-        return None
+    def __dask_tokenize__(self):
+        # The map (its plan's name: image, arguments, keywords) on its inputs as they
+        # are now, so the name changes as the optimizer rewrites the inputs: Dask's
+        # passes stop when the root's name stays the same.
+        return _tokenize_deterministic(
+            self.operand("map_id"), [op._name for op in self.operands if isinstance(op, Expr)])
 
 
 class Placeholder(ArrayExpr):
@@ -131,8 +135,15 @@ class ExprLayer:
         return coerce_depth(ndim, depth), coerce_boundary(ndim, boundary)
 
     @staticmethod
-    def launches(fn, task_args, places, name, meta, per_chunk=None):
-        """The :class:`MapKernel` expression of the launches (see ``HLGLayer.launches``)."""
+    def launches(fn, task_args, places, name, meta, per_chunk=None, token=None):
+        """The :class:`MapKernel` expression of the launches (see ``HLGLayer.launches``).
+
+        With ``token`` (no ``name=`` given), the map's name is ``token`` and a
+        hash of the map on its inputs, which changes as Dask's optimizer
+        rewrites them. A ``name=`` is the output's key name whatever the
+        inputs become; Dask's passes stop when the root's name stays the same,
+        so the inputs of a named map are optimized here, once.
+        """
         import dask.array as da
         from dask._task_spec import TaskRef
         from dask.array._array_expr._collection import new_collection
@@ -146,11 +157,13 @@ class ExprLayer:
             pairs = [TaskRef(f"{name}-launch"), None]
         for a in task_args:
             if isinstance(a, da.Array):
-                pairs += [a.expr, tuple(range(a.ndim))[::-1]]
+                expr = a.expr if token else a.expr.simplify().lower_completely()
+                pairs += [expr, tuple(range(a.ndim))[::-1]]
             else:
                 pairs += [a, None]
         new = tuple(range(ndim, ndim + len(per_chunk or ())))
-        expr = MapKernel(key, mapped + new, name, meta, dict(zip(new, per_chunk or ())),
+        expr = MapKernel(key, mapped + new, None if token else name, token, name, meta,
+                         dict(zip(new, per_chunk or ())),
                          None if per_chunk is None else dict.fromkeys(mapped, 1),
                          *pairs, places, mapped)
         return new_collection(expr)

@@ -74,7 +74,7 @@ class HLGLayer:
         return coerce_depth(ndim, depth), coerce_boundary(ndim, boundary)
 
     @staticmethod
-    def launches(fn, task_args, places, name, meta, per_chunk=None):
+    def launches(fn, task_args, places, name, meta, per_chunk=None, token=None):
         """The launch layer: ``fn`` per block on its arguments' blocks and its place.
 
         ``fn`` (the kernel's PTX and the parameters) is a key of the graph of
@@ -85,6 +85,7 @@ class HLGLayer:
         it carries ``fn`` in each task instead. Arrays broadcast
         right-aligned, as in ``da.map_blocks``; a per-chunk output adds its
         axes after the mapped ones, one block of ``per_chunk`` per launch.
+        ``token`` is for the expression layer; here the name is ``name``.
         """
         import dask.array as da
 

@@ -95,6 +95,9 @@ class MapPlan:
         The halo, as given to ``map_kernel``.
     name : str
         The output's key name.
+    token : str or None
+        The prefix of a name made from the map's hash (``token=``, else the
+        kernel's name); None when ``name=`` was given.
     timeout : float or None
         Seconds a chunk's task may run (None: the workers' setting).
     cluster : ClusterFacts
@@ -117,6 +120,7 @@ class MapPlan:
     depth: Any
     boundary: Any
     name: str
+    token: str | None
     timeout: float | None
     cluster: ClusterFacts
     split_every: Any
@@ -183,10 +187,12 @@ def plan_map(kernel, args, *, depth=None, boundary=None, tpb=0, name=None, grid_
                                   flat)
     check_dtype(kernel.__name__, results, dtype)
     timeout = check_timeout(timeout)
+    prefix = None
     if name is None:  # as da.map_blocks: name= is the full key name, token= its prefix
         from dask.base import tokenize
 
-        name = f"{token or kernel.__name__}-" + tokenize(
+        prefix = str(token or kernel.__name__)
+        name = f"{prefix}-" + tokenize(
             image.hash, kernel.__name__, args, depth, boundary, int(tpb), rank, simulate,
             timeout)
     returns = tuple(
@@ -194,7 +200,7 @@ def plan_map(kernel, args, *, depth=None, boundary=None, tpb=0, name=None, grid_
                  params[r.index].source if isinstance(params[r.index].source, Out) else None)
         for r in results)
     return MapPlan(kernel.__name__, ship, rank, int(tpb), params, returns, tuple(arrays),
-                   tuple(aligned), out_chunks, depth, boundary, str(name), timeout, cluster,
+                   tuple(aligned), out_chunks, depth, boundary, str(name), prefix, timeout, cluster,
                    split_every, _meta_base(arrays))
 
 
