@@ -13,6 +13,7 @@ from daskgpu._image.array_info import Zeroed, array_info
 from daskgpu._image.launch_config import LaunchConfig
 from daskgpu._image.random_states import RandomStates
 from daskgpu._runtime import backends
+from daskgpu._runtime.launch_task import LaunchTask
 
 
 def written_result(args, writes):
@@ -32,7 +33,7 @@ def unwrap(arg):
     return arg
 
 
-class Launch:
+class Launch(LaunchTask):
     """A kernel with a launch configuration: a picklable callable.
 
     Calling it launches the kernel and returns what the kernel wrote: one array,
@@ -70,8 +71,6 @@ class Launch:
     """
 
     __slots__ = ("kernel", "config", "timeout", "_fast")
-    #: Marks a GPU launch for the Dask layer's placement, which keeps it on GPU workers.
-    daskgpu_launch = True
 
     def __init__(self, kernel, config: LaunchConfig, timeout: float | None = None):
         self.kernel = kernel
@@ -117,13 +116,21 @@ class Launch:
     def __name__(self):  # Dask names tasks after their function
         return self.kernel.__name__
 
+    @property
+    def kernel_name(self) -> str:
+        return self.kernel.__name__
 
-class Uncompiled:
+    def device_bytes(self, block=None, argument_bytes=0) -> int:
+        """What the task's arguments take: the launch copies host arrays to the device."""
+        return int(argument_bytes)
+
+
+class Uncompiled(LaunchTask):
     """What a launch of a kernel with no compiled signature pickles to: calling it raises
     :class:`~daskgpu.PicklingError` naming ``specialize``, as workers cannot compile."""
 
     __slots__ = ("name",)
-    daskgpu_launch = True
+    timeout = None
 
     def __init__(self, name: str):
         self.name = name
@@ -137,6 +144,13 @@ class Uncompiled:
 
     def __reduce__(self):
         return Uncompiled, (self.name,)
+
+    @property
+    def kernel_name(self) -> str:
+        return self.name
+
+    def device_bytes(self, block=None, argument_bytes=0) -> int:
+        return 0  # it fails at once, launching nothing
 
     @property
     def __name__(self):

@@ -23,7 +23,8 @@ from numba import cuda
 
 import daskgpu as dg
 from daskgpu import _config
-from daskgpu._dask.placement import LAUNCH_SHARE, GPUPlacement, is_launch, runs_launch
+from daskgpu._dask.placement import LAUNCH_SHARE, GPUPlacement, runs_launch
+from daskgpu._runtime.launch_task import LaunchTask
 
 _config.register()
 
@@ -141,8 +142,8 @@ def test_every_launch_task_on_the_scheduler_is_restricted_to_gpus(mixed_cluster)
 
 def test_launch_callables_mark_themselves():
     launch = scale.forall(8)
-    assert is_launch(launch)
-    assert not is_launch(np.add)
+    assert isinstance(launch, LaunchTask)
+    assert not isinstance(np.add, LaunchTask)
     assert isinstance(GPUPlacement(), SchedulerPlugin)
 
 

@@ -311,7 +311,7 @@ def _build(plan: MapPlan, layer) -> tuple:
     # Kept through blockwise fusion on the HighLevelGraph layer; the scheduler's
     # placement plugin covers the rest (and expressions, which carry no annotations).
     asks = {GPU: LAUNCH_SHARE,
-            **({GPU_MEMORY: fn.device_bytes} if plan.cluster.gpu_memory else {})}
+            **({GPU_MEMORY: fn.device_bytes()} if plan.cluster.gpu_memory else {})}
     with dask.annotate(resources=asks) if plan.cluster.offers_gpu else nullcontext():
         if len(returns) == 1:
             r = returns[0]

@@ -217,7 +217,7 @@ class GPUWorkerPlugin(WorkerPlugin):
         if finish == "executing":
             launch = launch_of(task.run_spec, worker.data) if task is not None else None
             if launch is not None:
-                watch.started(key, launch.timeout)
+                watch.started(key, launch.timeout, kernel=launch.kernel_name)
         elif _still_running(task):  # cancelled while it runs (seen as "released")
             watch.cancelled(key)
         else:
@@ -230,6 +230,7 @@ class GPUWorkerPlugin(WorkerPlugin):
         if not watch or worker is None or self._closing:
             return
         for key, limit in watch.overdue():
+            kernel = watch.kernel(key)
             watch.ended(key)
             task = worker.state.tasks.get(key)
             if task is None or task.state != "executing":
@@ -239,8 +240,8 @@ class GPUWorkerPlugin(WorkerPlugin):
             from distributed.worker_state_machine import ExecuteFailureEvent
 
             worker.handle_stimulus(ExecuteFailureEvent.from_exception(
-                LaunchTimeoutError(timeout_message(key, limit)), key=key, run_id=task.run_id,
-                start=task.start_time, stop=time.time(),
+                LaunchTimeoutError(timeout_message(key, limit, kernel)), key=key,
+                run_id=task.run_id, start=task.start_time, stop=time.time(),
                 stimulus_id=f"daskgpu-launch-timeout-{time.time()}"))
         for key in watch.stuck():
             if not _still_running(worker.state.tasks.get(key)):

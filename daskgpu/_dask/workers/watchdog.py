@@ -41,9 +41,11 @@ class LaunchWatch:
     Examples
     --------
     >>> watch = LaunchWatch(default_limit=None, grace=2.0)
-    >>> watch.started("k", 1.0, now=10.0)
+    >>> watch.started("k", 1.0, now=10.0, kernel="spin")
     >>> watch.overdue(now=10.5), watch.overdue(now=11.5)
     ([], [('k', 1.0)])
+    >>> watch.kernel("k")
+    'spin'
     >>> watch.cancelled("k", now=11.6)
     >>> watch.stuck(now=12.0), watch.stuck(now=13.7)
     ([], ['k'])
@@ -53,11 +55,19 @@ class LaunchWatch:
         self.default_limit = default_limit
         self.grace = grace
         self._running = {}  # key -> (start, limit or None)
+        self._kernels = {}  # key -> the kernel's name
         self._cancelled = {}  # key -> when it was cancelled
 
-    def started(self, key, limit: float | None, now: float | None = None) -> None:
+    def started(self, key, limit: float | None, now: float | None = None,
+                kernel: str | None = None) -> None:
         limit = self.default_limit if limit is None else limit
         self._running[key] = (time.monotonic() if now is None else now, limit)
+        if kernel is not None:
+            self._kernels[key] = kernel
+
+    def kernel(self, key) -> str | None:
+        """The name of the kernel the task ``key`` launches, where it was given."""
+        return self._kernels.get(key)
 
     def cancelled(self, key, now: float | None = None) -> None:
         if key in self._running:
@@ -65,6 +75,7 @@ class LaunchWatch:
 
     def ended(self, key) -> None:
         self._running.pop(key, None)
+        self._kernels.pop(key, None)
         self._cancelled.pop(key, None)
 
     def overdue(self, now: float | None = None) -> list:
@@ -87,9 +98,9 @@ class LaunchWatch:
 
 
 def launch_of(run_spec, data) -> object | None:
-    """The launch a task's spec runs (a ``Launch``, ``ChunkLaunch`` or fused pair), read
-    through references to keys held in ``data`` (a map's launch is a key of its own);
-    None when the task runs none."""
+    """The :class:`~daskgpu._runtime.launch_task.LaunchTask` a task's spec runs (a
+    ``Launch``, ``ChunkLaunch`` or fused pair), read through references to keys held in
+    ``data`` (a map's launch is a key of its own); None when the task runs none."""
     def held(key):
         return data[key] if key in data else None
 
@@ -97,9 +108,18 @@ def launch_of(run_spec, data) -> object | None:
                  if launch is not None), None)
 
 
-def timeout_message(key, limit: float) -> str:
-    """The one line of a task that outlived its limit: the kernel, the chunk, the limit."""
-    kernel = key_split(key)
+def timeout_message(key, limit: float, kernel: str | None = None) -> str:
+    """The one line of a task that outlived its limit: the kernel, the chunk, the limit.
+
+    ``kernel`` is the launch's own name (its ``LaunchTask.kernel_name``);
+    without it, the task's name stands in.
+
+    Examples
+    --------
+    >>> timeout_message(("array-sum", 2), 1.0, kernel="spin_chunk")[:41]
+    "kernel 'spin_chunk' on chunk (2,) did not"
+    """
+    kernel = kernel or key_split(key)
     chunk = f" on chunk {tuple(key[1:])}" if isinstance(key, tuple) and len(key) > 1 else ""
     return (f"kernel {kernel!r}{chunk} did not finish within its time limit of {limit:g} s "
             "(timeout=, or daskgpu.launch-timeout); the worker's process is replaced to free "
