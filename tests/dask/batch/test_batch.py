@@ -324,3 +324,14 @@ def test_run_batch_takes_a_bundle_path_and_says_a_simulator_cannot_run_it(client
     with pytest.raises(BatchError, match="kernel 'saxpy' is PTX only"):
         run_batch(bundle, saxpy_job["inputs"], [(str(tmp_path / "z.zarr"), np.float32)],
                   scalars=saxpy_job["scalars"], client=client, progress=False)
+
+
+@pytest.mark.parametrize("not_a_kernel", [42, None, len, int], ids=["int", "None", "len", "class"])
+def test_what_is_no_kernel_is_refused_naming_what_run_batch_takes(not_a_kernel, tmp_path):
+    message = (r"run_batch takes a kernel: one made by dg.jit or dg.kernel or loaded by "
+               r"dg.load, .* or the path of a .dgk bundle; got " + re.escape(repr(not_a_kernel))
+               + rf" \(of type {type(not_a_kernel).__name__}\)$")
+    with pytest.raises(BatchError, match=message):
+        run_batch(not_a_kernel, [str(tmp_path / "x.zarr")], [str(tmp_path / "z.zarr")],
+                  progress=False)
+    assert not os.path.exists(tmp_path / "z.zarr")
