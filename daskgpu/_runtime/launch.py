@@ -268,11 +268,31 @@ class LaunchAPI:
 
 
 def check_timeout(seconds) -> float | None:
-    """A launch's time limit checked: None, or a positive number of seconds."""
+    """A launch's time limit checked: None, or a finite number of seconds above 0.
+
+    Any real number serves, NumPy's included (``np.float32(2)``, ``np.int64(5)``);
+    booleans, NaN, 0, negatives and infinity are refused, as ``socket.settimeout``
+    and ``threading.Lock.acquire`` refuse what they cannot wait: no limit is said
+    one way, None.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> check_timeout(np.int64(5)), check_timeout(np.float32(2.5)), check_timeout(None)
+    (5.0, 2.5, None)
+    >>> check_timeout(float("inf"))
+    Traceback (most recent call last):
+    ...
+    daskgpu._errors.LaunchConfigError: timeout=inf: give the most seconds a task running ...
+    """
+    import math
+    import numbers
+
     if seconds is None:
         return None
-    if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not 0 < seconds:
+    if (isinstance(seconds, bool) or not isinstance(seconds, numbers.Real)
+            or not 0 < seconds < math.inf):  # NaN fails the comparison too
         raise LaunchConfigError(
             f"timeout={seconds!r}: give the most seconds a task running the launch may "
-            "take, a number above 0, or None for the worker's daskgpu.launch-timeout")
+            "take, a finite number above 0, or None for the worker's daskgpu.launch-timeout")
     return float(seconds)
