@@ -29,10 +29,12 @@ from daskgpu._errors import (
 )
 from daskgpu._image.image import KernelImage
 from daskgpu._image.launch_config import LaunchConfig
+from daskgpu._runtime import numpy_shim as _numpy_shim
 from daskgpu._runtime.launch import Launch
 from daskgpu._runtime.ptx_kernel import PTXKernel
 from daskgpu._version import __version__
 
+_numpy_shim.install()  # numba-cuda 0.30 on NumPy 2.5: before the first compile
 if "dask" in _sys.modules:  # else registered on first use, keeping bare workers light
     _config.register()
 
