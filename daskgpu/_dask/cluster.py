@@ -68,7 +68,9 @@ class LocalGPUCluster(SpecCluster):
     devices : int, str or sequence of int/str, optional
         The GPUs to run workers on, as ``CUDA_VISIBLE_DEVICES`` names them:
         ordinals, ``"GPU-<uuid>"`` or ``"MIG-<uuid>"`` strings, or one
-        comma-separated string such as ``"0,1"``. Default: the GPUs this
+        comma-separated string such as ``"0,1"``. An integer names one GPU by
+        its ordinal; it is not a count: ``devices=1`` is GPU 1 (the second),
+        and ``devices=[0]`` runs one worker, on GPU 0. Default: the GPUs this
         process sees (its ``CUDA_VISIBLE_DEVICES``, else all of them); when
         simulated, ``[0, 1]``.
     simulate : bool, optional
