@@ -69,7 +69,7 @@ if _typing.TYPE_CHECKING:
     from daskgpu._compiler.random_states import random_states
     from daskgpu._dask.batch import BatchError, BatchProgress, BatchReport, run_batch
     from daskgpu._dask.cluster import LocalGPUCluster
-    from daskgpu._dask.mapping import Out, map_kernel, offset
+    from daskgpu._dask.map_kernel.api import Out, map_kernel, offset
     from daskgpu._dask.workers.plugin import GPUWorkerPlugin, device_info
     from daskgpu._runtime.kernel_files import load, save
 else:

@@ -153,9 +153,10 @@ class Launch(LaunchTask):
 
     @property
     def kernel_name(self) -> str:
+        """The kernel's name."""
         return self.kernel.__name__
 
-    def device_bytes(self, block=None, argument_bytes=0) -> int:
+    def device_bytes(self, block: tuple | None = None, argument_bytes: int = 0) -> int:
         """What the task's arguments take: the launch copies host arrays to the device."""
         return int(argument_bytes)
 
@@ -336,7 +337,7 @@ def check_timeout(seconds: object) -> float | None:
     if seconds is None:
         return None
     if (isinstance(seconds, bool) or not isinstance(seconds, numbers.Real)
-            or not 0 < seconds < math.inf):  # NaN fails the comparison too
+            or not 0 < float(seconds) < math.inf):  # NaN fails the comparison too
         raise LaunchConfigError(
             f"timeout={seconds!r}: give the most seconds a task running the launch may "
             "take, a finite number above 0, or None for the worker's daskgpu.launch-timeout")

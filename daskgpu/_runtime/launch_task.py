@@ -12,6 +12,7 @@ by type, never by probing attributes.
 from __future__ import annotations
 
 import abc
+from typing import Any
 
 __all__ = ["LaunchTask"]
 
@@ -55,5 +56,5 @@ class LaunchTask(abc.ABC):
         """
 
     @abc.abstractmethod
-    def __call__(self, *args):
+    def __call__(self, *args: Any) -> Any:
         """Run the launch on the task's arguments."""

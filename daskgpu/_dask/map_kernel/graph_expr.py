@@ -31,7 +31,7 @@ from dask.tokenize import _tokenize_deterministic
 
 from daskgpu._dask.map_kernel.arguments import Out
 from daskgpu._dask.map_kernel.chunk_task import run_chunk
-from daskgpu._dask.map_kernel.graph_hlg import _unified, embeds
+from daskgpu._dask.map_kernel.graph_hlg import embeds, unified
 
 __all__ = ["ExprLayer", "LaunchKey", "MapKernel", "Placeholder"]
 
@@ -113,7 +113,7 @@ class ExprLayer:
         dask_arrays = [
             new_collection(Placeholder(a.chunks, np.empty((0,) * len(a.shape), np.bool_)))
             if isinstance(a, Out) else a for a in arrays]
-        return _unified(unify, dask_arrays, arrays, ndim)
+        return unified(unify, dask_arrays, arrays, ndim)
 
     @staticmethod
     def overlap(arrays, depth, boundary):

@@ -18,7 +18,7 @@ from daskgpu._dask.map_kernel import reduction
 from daskgpu._dask.map_kernel.arguments import Out
 from daskgpu._dask.map_kernel.chunk_task import run_chunk
 
-__all__ = ["EMBED_BYTES", "HLGLayer", "LAUNCH_KEY_ANNOTATION", "embeds", "launch_key"]
+__all__ = ["EMBED_BYTES", "HLGLayer", "LAUNCH_KEY_ANNOTATION", "embeds", "launch_key", "unified"]
 
 
 #: The most bytes of a pickled launch that a graph's tasks carry together, one copy
@@ -51,7 +51,7 @@ class HLGLayer:
         """Unify chunks as ``da.blockwise`` does (right-aligned broadcasting)."""
         from dask.array.core import unify_chunks
 
-        return _unified(unify_chunks, [placeholder(a) if isinstance(a, Out) else a
+        return unified(unify_chunks, [placeholder(a) if isinstance(a, Out) else a
                                        for a in arrays], arrays, ndim)
 
     @staticmethod
@@ -108,7 +108,7 @@ class HLGLayer:
                                           axis=axis)
 
 
-def _unified(unify_chunks, dask_arrays, arrays, ndim):
+def unified(unify_chunks, dask_arrays, arrays, ndim):
     """``unify_chunks`` of the arrays, their chunks per mapped axis; a clear error."""
     pairs = []
     for a in dask_arrays:
