@@ -16,7 +16,6 @@ GPU.
 from __future__ import annotations
 
 import math
-import operator
 from contextlib import nullcontext
 from numbers import Integral
 
@@ -322,9 +321,8 @@ def _build(plan: MapPlan, layer) -> tuple:
             launched = layer.launches(fn, task_args, places, name,
                                       np.empty((0,) * ndim, dtype=object))
             results = [
-                launched.map_blocks(operator.getitem, i, name=f"{name}-out{i}",
-                                    meta=plan.meta(r.dtype, ndim + len(r.per_chunk or ())),
-                                    **_block_layout(block_chunks, r.per_chunk))
+                layer.select(launched, i, f"{name}-out{i}",
+                             plan.meta(r.dtype, ndim + len(r.per_chunk or ())), r.per_chunk)
                 for i, r in enumerate(returns)
             ]
     if trim is not None:
@@ -361,15 +359,6 @@ def _chunk_memory(plan: MapPlan, task_args, block_chunks) -> ChunkMemory:
             per_element += np.dtype(param.dtype).itemsize
     largest = math.prod(max(c, default=0) for c in block_chunks)
     return ChunkMemory(int(fixed), int(per_element), int(largest))
-
-
-def _block_layout(block_chunks, per_chunk):
-    """``map_blocks`` keywords of a result: aligned, or one block of ``per_chunk`` a launch."""
-    if per_chunk is None:
-        return {"chunks": block_chunks}
-    ndim = len(block_chunks)
-    return {"chunks": tuple((1,) * len(c) for c in block_chunks) + tuple((n,) for n in per_chunk),
-            "new_axis": list(range(ndim, ndim + len(per_chunk)))}
 
 
 def _combined(results, plan: MapPlan, layer):

@@ -103,6 +103,23 @@ class HLGLayer:
             align_arrays=False, concatenate=True)
 
     @staticmethod
+    def select(launched, i, name, meta, per_chunk=None):
+        """Result ``i`` of each launch of a map that returns several, named ``name``:
+        aligned with the blocks, or one block of ``per_chunk`` per launch."""
+        import operator
+
+        from dask.array import blockwise
+
+        ndim = launched.ndim
+        mapped = tuple(range(ndim))[::-1]
+        new = tuple(range(ndim, ndim + len(per_chunk or ())))
+        return blockwise(
+            operator.getitem, mapped + new, launched, mapped, i, None, name=name, meta=meta,
+            new_axes=dict(zip(new, per_chunk or ())),
+            adjust_chunks=None if per_chunk is None else dict.fromkeys(mapped, 1),
+            align_arrays=False, concatenate=True)
+
+    @staticmethod
     def combine(partials, ndim, fold, split_every, name, axis):
         return reduction.combine_partials(partials, ndim, fold, split_every, name=name,
                                           axis=axis)
