@@ -21,3 +21,16 @@ hlg_only = pytest.mark.skipif(EXPRESSIONS, reason="reads what only the HighLevel
 def launch_keys(graph) -> list:
     """The keys of ``graph`` that hold a map's launch (``<name>-launch``)."""
     return [k for k in dict(graph) if isinstance(k, str) and k.endswith("-launch")]
+
+
+def launch_restrictions(client) -> dict:
+    """``{key: resource restrictions}`` of the tasks on ``client``'s scheduler that run a
+    launch, read as the scheduler holds them (on either layer, whatever a persisted
+    collection's keys are called: Dask's expressions alias them)."""
+    def read(dask_scheduler):
+        from daskgpu._dask.placement import runs_launch
+
+        return {ts.key: ts.resource_restrictions for ts in dask_scheduler.tasks.values()
+                if ts.run_spec is not None and runs_launch(ts.run_spec)}
+
+    return client.run_on_scheduler(read)
