@@ -9,6 +9,7 @@ daskgpu from the wheel, then run ``daskgpu info`` and ``daskgpu demo`` there
 from a directory of their own (simulated where there is no GPU).
 """
 
+import ast
 import os
 import pathlib
 import shutil
@@ -126,13 +127,16 @@ def test_the_venv_imports_daskgpu_from_the_wheel_not_the_checkout(venv, tmp_path
     proc = _run([str(python), "-c",
                  "import daskgpu, daskgpu._config as c, os;"
                  "print(os.path.realpath(daskgpu.__file__));"
-                 "print(os.path.realpath(c._FN), os.path.isfile(c._FN))"], cwd=tmp_path)
+                 "print(os.path.realpath(c._FN), os.path.isfile(c._FN));"
+                 "print(sorted(os.listdir(os.path.dirname(daskgpu.__file__))))"], cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
-    module, settings = proc.stdout.strip().splitlines()
+    module, settings, listing = proc.stdout.strip().splitlines()
     site = os.path.realpath(root)
     assert module.startswith(site + os.sep), f"daskgpu imported from {module}, not {site}"
     assert not module.startswith(str(REPO.resolve()) + os.sep)
+    # The settings it reads at import, from beside the installed package, and the marker.
     assert settings == f"{os.path.join(os.path.dirname(module), 'daskgpu.yaml')} True"
+    assert {"daskgpu.yaml", "py.typed"} <= set(ast.literal_eval(listing))
 
 
 def test_the_installed_command_runs_info_and_demo_outside_the_checkout(venv, tmp_path):
