@@ -58,6 +58,7 @@ def built(tmp_path_factory):
     A copy, so that no stale ``*.egg-info`` of an editable install in the
     checkout (setuptools reads its file list) leaks files into the sdist.
     """
+    pytest.importorskip("build")  # the test extra's
     source = tmp_path_factory.mktemp("source")
     for name in _source_files():
         (source / name).parent.mkdir(parents=True, exist_ok=True)
