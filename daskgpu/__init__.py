@@ -11,6 +11,7 @@ need it.
 
 import importlib as _importlib
 import sys as _sys
+import typing as _typing
 
 from daskgpu import _config
 from daskgpu._errors import (
@@ -29,10 +30,12 @@ from daskgpu._errors import (
 )
 from daskgpu._image.image import KernelImage
 from daskgpu._image.launch_config import LaunchConfig
+from daskgpu._runtime import numpy_shim as _numpy_shim
 from daskgpu._runtime.launch import Launch
 from daskgpu._runtime.ptx_kernel import PTXKernel
 from daskgpu._version import __version__
 
+_numpy_shim.install()  # numba-cuda 0.30 on NumPy 2.5: before the first compile
 if "dask" in _sys.modules:  # else registered on first use, keeping bare workers light
     _config.register()
 
@@ -42,9 +45,9 @@ _LAZY = {
     "Kernel": "daskgpu._compiler.kernel",
     "jit": "daskgpu._compiler.kernel",
     "kernel": "daskgpu._compiler.kernel",
-    "map_kernel": "daskgpu._dask.mapping",
-    "Out": "daskgpu._dask.mapping",
-    "offset": "daskgpu._dask.mapping",
+    "map_kernel": "daskgpu._dask.map_kernel.api",
+    "Out": "daskgpu._dask.map_kernel.api",
+    "offset": "daskgpu._dask.map_kernel.api",
     "random_states": "daskgpu._compiler.random_states",
     "LocalGPUCluster": "daskgpu._dask.cluster",
     "GPUWorkerPlugin": "daskgpu._dask.workers.plugin",
@@ -58,16 +61,29 @@ _LAZY = {
 }
 
 
-def __getattr__(name):
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'daskgpu' has no attribute {name!r}")
-    value = getattr(_importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+if _typing.TYPE_CHECKING:
+    # The lazy names as type checkers and editors see them: imported, so their
+    # hints are checked, and a misspelt name is an error (__getattr__ is hidden
+    # from them below). tests/test_typing.py holds this list to _LAZY.
+    from daskgpu._compiler.kernel import Kernel, jit, kernel
+    from daskgpu._compiler.random_states import random_states
+    from daskgpu._dask.batch import BatchError, BatchProgress, BatchReport, run_batch
+    from daskgpu._dask.cluster import LocalGPUCluster
+    from daskgpu._dask.map_kernel.api import Out, map_kernel, offset
+    from daskgpu._dask.workers.plugin import GPUWorkerPlugin, device_info
+    from daskgpu._runtime.kernel_files import load, save
+else:
+
+    def __getattr__(name: str) -> object:
+        module = _LAZY.get(name)
+        if module is None:
+            raise AttributeError(f"module 'daskgpu' has no attribute {name!r}")
+        value = getattr(_importlib.import_module(module), name)
+        globals()[name] = value
+        return value
 
 
-def __dir__():
+def __dir__() -> list[str]:
     # Submodules (daskgpu._cli.main, once imported) are not part of the API.
     names = {n for n, v in globals().items() if not isinstance(v, type(_sys))}
     return sorted(names | set(_LAZY))

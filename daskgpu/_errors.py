@@ -17,12 +17,18 @@ The hierarchy, and where each is raised::
         └── CUDAError            a driver call failed; ``code`` is its ``CUresult``
             └── ContextLostError a sticky error: the process's CUDA context is unusable
 
-This module imports nothing: every layer may raise these. The runtime raises
-:class:`ContextLostError` and goes no further; the Dask layer's worker plugin
-decides what a worker does about it (it has the nanny start a fresh process).
+This module imports only the standard library: every layer may raise these.
+The runtime raises :class:`ContextLostError` and goes no further; the Dask
+layer's worker plugin decides what a worker does about it (it has the nanny
+start a fresh process).
 """
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import argparse
 
 
 class DaskGPUError(Exception):
@@ -63,7 +69,7 @@ class UsageError(DaskGPUError, ValueError):
     ``parser`` is the (sub)command's parser, whose usage line goes with the message.
     """
 
-    def __init__(self, message: str, parser=None):
+    def __init__(self, message: str, parser: argparse.ArgumentParser | None = None) -> None:
         super().__init__(message)
         self.parser = parser
 
@@ -94,7 +100,9 @@ class CUDAError(DeviceError):
 
     sticky = False
 
-    def __init__(self, code, message: str):
+    code: object
+
+    def __init__(self, code: object, message: str) -> None:
         super().__init__(message)
         self.code = code
 
@@ -123,7 +131,7 @@ class LaunchTimeoutError(ContextLostError):
     True
     """
 
-    def __init__(self, message: str):
+    def __init__(self, message: str) -> None:
         super().__init__(None, message)
 
     def __reduce__(self):

@@ -4,10 +4,11 @@
 
 Builds the site (``sphinx-build -W -b html``) into ``OUTDIR/html`` (default: a new
 temporary directory), opens the front page, two guide pages and the API reference
-in headless Chromium (Debian's ``chromium`` package: ``apt-get install -y
-chromium``) and writes ``OUTDIR/<page>.png`` for each, to be looked at as a reader
-would see them. Prints the screenshots' paths; exits 2 when Chromium is missing.
-``tests/docs/test_build.py`` runs it where Chromium is installed.
+(its list and ``map_kernel``'s page) in headless Chromium (Debian's ``chromium``
+package: ``apt-get install -y chromium``) and writes ``OUTDIR/<page>.png`` for
+each, to be looked at as a reader would see them. Prints the screenshots' paths;
+exits 2 when Chromium is missing. ``tests/docs/test_build.py`` runs it where
+Chromium is installed.
 
 :func:`chromium` and :data:`HEADLESS` also serve ``check_dashboard.py``, whose
 pages draw only after they have loaded, so that it drives the browser itself.
@@ -23,8 +24,10 @@ import sys
 import tempfile
 
 DOCS = pathlib.Path(__file__).resolve().parent
-#: The pages to look at: the front page, guide pages (one with the picture), the API reference.
-PAGES = ("index", "guide/how-it-works", "guide/map-kernel", "reference/api")
+#: The pages to look at: the front page, guide pages (one with the picture), the API
+#: reference's list and one name's page.
+PAGES = ("index", "guide/how-it-works", "guide/map-kernel", "reference/api",
+         "reference/api/daskgpu.map_kernel")
 WINDOW = "1400,1000"
 #: Chromium's options for a headless run that reaches out to nothing but the page.
 HEADLESS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",

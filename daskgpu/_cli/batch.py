@@ -387,7 +387,69 @@ def _security(ns):
             f"{'is' if len(missing) == 1 else 'are'} not set: give --tls-ca-file, --tls-cert "
             f"and --tls-key (the CA, this client's certificate and its key), or set "
             f"{_TLS_CONFIG} in Dask's configuration")
+    if address.startswith("tls://"):
+        _check_tls_files(security, {"tls_ca_file": ns.tls_ca_file, "tls_client_cert": ns.tls_cert,
+                                    "tls_client_key": ns.tls_key})
     return security
+
+
+#: Each credential's flag and Dask setting, and what it must hold.
+_TLS_FILES = {
+    "tls_ca_file": ("--tls-ca-file", "distributed.comm.tls.ca-file",
+                    "the scheduler's CA certificate(s)"),
+    "tls_client_cert": ("--tls-cert", "distributed.comm.tls.client.cert",
+                        "this client's certificate"),
+    "tls_client_key": ("--tls-key", "distributed.comm.tls.client.key",
+                       "this client's private key"),
+}
+
+
+def _check_tls_files(security, given) -> None:
+    """Refuse, in one line naming the flag (or setting) and the file, credentials that
+    cannot serve: a file that cannot be read, one that holds no PEM certificate, a key
+    that is not the certificate's. The connection would fail with the bare OS or SSL
+    message, naming neither.
+    """
+    import ssl
+
+    def source(attr):
+        flag, setting, _ = _TLS_FILES[attr]
+        value = getattr(security, attr)
+        where = flag if given.get(attr) else f"Dask's {setting}"
+        return f"{where} {value!r}" if "\n" not in value else f"{where} (PEM text)"
+
+    def refuse(attr, problem):
+        _, _, what = _TLS_FILES[attr]
+        raise UsageError(f"{source(attr)}: {problem}; give a readable PEM file holding "
+                         f"{what}")
+
+    credentials = {attr: getattr(security, attr) for attr in _TLS_FILES
+                   if getattr(security, attr)}
+    for attr, value in credentials.items():
+        if "\n" not in value:  # a path; Security also takes the PEM text itself
+            try:
+                with open(value, "rb") as f:
+                    f.read(1)
+            except OSError as exc:
+                refuse(attr, f"cannot read it ({exc.strerror or exc})")
+    for attr in ("tls_ca_file", "tls_client_cert"):  # each must hold a certificate
+        value = credentials[attr]
+        try:
+            ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_verify_locations(
+                **({"cadata": value} if "\n" in value else {"cafile": value}))
+        except (ssl.SSLError, ValueError) as exc:
+            refuse(attr, f"it holds no PEM certificate ({getattr(exc, 'reason', None) or exc})")
+    cert, key = credentials["tls_client_cert"], credentials.get("tls_client_key")
+    if "\n" in cert or (key and "\n" in key):
+        return  # PEM text: Security writes it to files itself; checked as far as above
+    try:
+        ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_cert_chain(cert, key)
+    except ssl.SSLError as exc:
+        if "KEY_VALUES_MISMATCH" in str(exc):
+            raise UsageError(f"{source('tls_client_key')} is not the key of "
+                             f"{source('tls_client_cert')}: give the private key that "
+                             "belongs to that certificate") from None
+        refuse("tls_client_key" if key else "tls_client_cert", "it holds no PEM private key")
 
 
 def _file_address(path) -> str:

@@ -8,6 +8,7 @@ import dataclasses
 import importlib
 import importlib.util
 import inspect
+import math
 import os
 import re
 import sys
@@ -81,9 +82,10 @@ def resources(text) -> dict:
             number = float(value)
         except ValueError:
             number = None
-        if not eq or not key or number is None or number < 0:
+        if not eq or not key or number is None or not 0 <= number < math.inf:  # nan too
             raise argparse.ArgumentTypeError(
-                f"cannot read resource {item!r}; write resources as 'GPU=1 MEM=16e9'"
+                f"cannot read resource {item!r}: an amount is a finite number, 0 or more; "
+                "write resources as 'GPU=1 MEM=16e9'"
             )
         out[key] = int(number) if number.is_integer() else number
     return out

@@ -155,8 +155,11 @@ def worker_security(scheduler, ca_file=None, cert=None, key=None):
     if str(scheduler or "").startswith("tls://"):
         import dask.config
 
-        tls = dask.config.get("distributed.comm.tls", {}) or {}
-        if not (tls.get("ca-file") and (tls.get("worker") or {}).get("cert")):
+        # dask.config.get, not the section's dict: an environment variable such as
+        # DASK_DISTRIBUTED__COMM__TLS__CA_FILE lands as "ca_file", and only get()
+        # reads "-" and "_" alike, as Security does.
+        if not (dask.config.get("distributed.comm.tls.ca-file", None)
+                and dask.config.get("distributed.comm.tls.worker.cert", None)):
             raise UsageError(
                 f"the scheduler {scheduler} takes TLS connections, and no credentials "
                 "were given: pass --tls-ca-file, --tls-cert and --tls-key (as to dask "

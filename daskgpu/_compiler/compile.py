@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from numba.cuda import types
@@ -47,9 +48,11 @@ class CompileOptions:
     opt: bool = True
     link: tuple = ()
     lto: bool = False
-    launch_bounds: tuple | None = None
-    shared_memory_carveout: int | None = None
-    inline: str = "never"
+    # As given to jit (int or tuple; a name or a percentage; a name or a cost
+    # model), normalised by __post_init__.
+    launch_bounds: int | tuple | None = None
+    shared_memory_carveout: str | int | None = None
+    inline: str | Callable[..., bool] = "never"
     forceinline: bool = False
     cache: bool = False
 

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import functools
+import os
 import sys
 import threading
+from collections.abc import Callable, Collection, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Literal, NoReturn, overload
 
 from daskgpu._compiler.compile import CompileOptions, compile_image
 from daskgpu._compiler.signatures import normalize, typeof_args
@@ -13,6 +16,19 @@ from daskgpu._runtime import backends
 from daskgpu._runtime.dispatch import select_image
 from daskgpu._runtime.launch import LaunchAPI, written_result
 from daskgpu._runtime.ptx_kernel import PTXKernel, UncompiledKernel, unconfigured
+
+if TYPE_CHECKING:
+    from daskgpu._image.image import KernelImage
+    from daskgpu._image.launch_config import LaunchConfig
+
+#: A compute capability: ``"8.0"``, ``"sm_80"``, ``80`` or ``(8, 0)``.
+ComputeCapability = str | int | tuple[int, int]
+#: A Numba signature: a string such as ``"void(float32[::1])"`` or a tuple of
+#: argument types. Signature objects (``numba.void(numba.float32[::1])``) are
+#: taken too; numba's hints make them ``Any``, which passes.
+Signature = str | tuple[Any, ...]
+#: ``jit(inline=)``: Numba's ``"never"``, ``"always"`` or a cost-model function.
+Inline = Literal["never", "always"] | Callable[..., bool]
 
 
 class Kernel(LaunchAPI):
@@ -59,10 +75,14 @@ class Kernel(LaunchAPI):
     2.0
     """
 
-    def __init__(self, py_func, signatures=(), options: CompileOptions | None = None):
+    py_func: Callable[..., Any]
+    options: CompileOptions
+
+    def __init__(self, py_func: Callable[..., Any], signatures: Iterable[Signature] = (),
+                 options: CompileOptions | None = None) -> None:
         self.py_func = py_func
         self.options = options or CompileOptions()
-        self._images: dict = {}
+        self._images: dict[tuple[Any, ...], KernelImage] = {}
         self._lock = threading.Lock()
         # Numba compiles new signatures on demand only for lazily jitted kernels.
         self._lazy = not signatures
@@ -71,7 +91,7 @@ class Kernel(LaunchAPI):
             self.compile(sig)
 
     # -- compiling ----------------------------------------------------------
-    def compile(self, sig):
+    def compile(self, sig: Signature) -> KernelImage:
         """Compile ``sig`` (a Numba signature) if not yet compiled; return its image.
 
         Examples
@@ -94,7 +114,7 @@ class Kernel(LaunchAPI):
                 self._images[argtypes] = image
         return image
 
-    def specialize(self, *args) -> Kernel:
+    def specialize(self, *args: Any) -> Kernel:
         """A kernel compiled for exactly the types of ``args``, as Numba's ``specialize``.
 
         Examples
@@ -111,7 +131,7 @@ class Kernel(LaunchAPI):
         """
         return Kernel(self.py_func, [typeof_args(args)], self.options)
 
-    def launch_images(self):
+    def launch_images(self) -> Collection[KernelImage]:
         """The live container of this kernel's images: it grows as the kernel compiles.
 
         A launch's repeat path watches its length to know when another image
@@ -120,21 +140,22 @@ class Kernel(LaunchAPI):
         return self._images.values()
 
     @property
-    def images(self) -> tuple:
+    def images(self) -> tuple[KernelImage, ...]:
         """The compiled :class:`KernelImage` objects, in compile order."""
         return tuple(self._images.values())
 
     @property
-    def argtypes(self) -> list:
+    def argtypes(self) -> list[tuple[Any, ...]]:
         """The compiled signatures as tuples of Numba types, in compile order."""
         return list(self._images)
 
     @property
-    def signatures(self) -> list:
+    def signatures(self) -> list[str]:
         """The compiled signatures, as strings."""
         return [im.signature for im in self.images]
 
-    def select_image(self, args, infos=None):
+    def select_image(self, args: Sequence[Any], infos: Sequence[Any] | None = None
+                     ) -> KernelImage:
         """The image a launch on ``args`` runs, as Numba's dispatcher picks it.
 
         A lazy kernel compiles a new signature for arguments no image takes
@@ -161,7 +182,8 @@ class Kernel(LaunchAPI):
                 raise
         return self.compile(typeof_args(args))
 
-    def _run(self, image, config, args, infos):
+    def _run(self, image: KernelImage, config: LaunchConfig, args: Sequence[Any],
+             infos: Sequence[Any]) -> Any:
         # The simulator runs the live function; the GPU the image's PTX.
         backends.current().run(image, config, args, infos, function=self.py_func)
         return written_result(args, image.writes)
@@ -195,10 +217,10 @@ class Kernel(LaunchAPI):
             return UncompiledKernel, (self.__name__,)
         return PTXKernel, (self.ptx_kernel().images,)
 
-    def __call__(self, *args, **kwargs):
+    def __call__(self, *args: Any, **kwargs: Any) -> NoReturn:
         raise unconfigured(self.__name__)
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"<daskgpu.Kernel {self.__name__} signatures={self.signatures}>"
 
 
@@ -206,7 +228,7 @@ class Kernel(LaunchAPI):
 _BY_VALUE_LOCK = threading.Lock()
 
 
-def function_blob(fn) -> bytes:
+def function_blob(fn: Callable[..., Any]) -> bytes:
     """``fn`` pickled by value, with what it reaches in its own module.
 
     cloudpickle pickles a function of an importable module by reference, and a
@@ -229,10 +251,38 @@ def function_blob(fn) -> bytes:
                 cloudpickle.unregister_pickle_by_value(module)
 
 
-def jit(signature_or_function=None, *, targets=(), fastmath=False, debug=False,
-        lineinfo=False, max_registers=None, opt=True, link=(), device=False,
-        lto=False, launch_bounds=None, shared_memory_carveout=None, inline="never",
-        forceinline=False, cache=False, extensions=None):
+@overload
+def jit(signature_or_function: Callable[..., Any], *, targets: Iterable[ComputeCapability] = (),
+        fastmath: bool = False, debug: bool = False, lineinfo: bool = False,
+        max_registers: int | None = None, opt: bool = True,
+        link: Iterable[str | os.PathLike[str]] = (), device: bool = False, lto: bool = False,
+        launch_bounds: int | tuple[int, ...] | None = None,
+        shared_memory_carveout: str | int | None = None, inline: Inline = "never",
+        forceinline: bool = False, cache: bool = False,
+        extensions: Sequence[object] | None = None) -> Kernel: ...
+
+
+@overload
+def jit(signature_or_function: Signature | list[Signature] | None = None, *,
+        targets: Iterable[ComputeCapability] = (),
+        fastmath: bool = False, debug: bool = False, lineinfo: bool = False,
+        max_registers: int | None = None, opt: bool = True,
+        link: Iterable[str | os.PathLike[str]] = (), device: bool = False, lto: bool = False,
+        launch_bounds: int | tuple[int, ...] | None = None,
+        shared_memory_carveout: str | int | None = None, inline: Inline = "never",
+        forceinline: bool = False, cache: bool = False,
+        extensions: Sequence[object] | None = None) -> Callable[[Callable[..., Any]], Kernel]: ...
+
+
+def jit(signature_or_function: Any = None, *, targets: Iterable[ComputeCapability] = (),
+        fastmath: bool = False, debug: bool = False, lineinfo: bool = False,
+        max_registers: int | None = None, opt: bool = True,
+        link: Iterable[str | os.PathLike[str]] = (), device: bool = False, lto: bool = False,
+        launch_bounds: int | tuple[int, ...] | None = None,
+        shared_memory_carveout: str | int | None = None, inline: Inline = "never",
+        forceinline: bool = False, cache: bool = False,
+        extensions: Sequence[object] | None = None,
+        ) -> Kernel | Callable[[Callable[..., Any]], Kernel]:
     """Compile a Python function as a CUDA kernel that ships to Dask workers as PTX.
 
     Used like ``numba.cuda.jit``: with signatures the kernel compiles eagerly,
@@ -315,7 +365,8 @@ def jit(signature_or_function=None, *, targets=(), fastmath=False, debug=False,
     return lambda fn: Kernel(fn, sigs, options)
 
 
-def kernel(dispatcher, signatures=None, **options) -> Kernel:
+def kernel(dispatcher: Any, signatures: Signature | Iterable[Signature] | None = None,
+           **options: Any) -> Kernel:
     """Wrap an existing ``numba.cuda.jit`` dispatcher as a daskgpu :class:`Kernel`.
 
     Parameters

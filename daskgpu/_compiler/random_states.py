@@ -87,7 +87,7 @@ class _Builder:
 builder = _Builder()
 
 
-def random_states(seed, n=None, start=0) -> RandomStates:
+def random_states(seed: int, n: int | None = None, start: int = 0) -> RandomStates:
     """xoroshiro128+ random states for kernels, built on the device that runs them.
 
     State *g* equals state *g* of Numba's

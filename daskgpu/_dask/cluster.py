@@ -16,6 +16,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 import dask.config
 from dask.utils import parse_timedelta
@@ -33,6 +35,9 @@ from daskgpu._dask.workers.gpu_worker import (
     worker_options,
 )
 from daskgpu._runtime import backends
+
+if TYPE_CHECKING:
+    from tornado.ioloop import IOLoop
 
 logger = logging.getLogger("daskgpu")
 
@@ -63,7 +68,9 @@ class LocalGPUCluster(SpecCluster):
     devices : int, str or sequence of int/str, optional
         The GPUs to run workers on, as ``CUDA_VISIBLE_DEVICES`` names them:
         ordinals, ``"GPU-<uuid>"`` or ``"MIG-<uuid>"`` strings, or one
-        comma-separated string such as ``"0,1"``. Default: the GPUs this
+        comma-separated string such as ``"0,1"``. An integer names one GPU by
+        its ordinal; it is not a count: ``devices=1`` is GPU 1 (the second),
+        and ``devices=[0]`` runs one worker, on GPU 0. Default: the GPUs this
         process sees (its ``CUDA_VISIBLE_DEVICES``, else all of them); when
         simulated, ``[0, 1]``.
     simulate : bool, optional
@@ -123,16 +130,24 @@ interface, silence_logs, memory_limit, asynchronous, loop, name, scheduler_kwarg
     ...         client.run(dg.device_info)
     """
 
-    def __init__(self, devices=None, simulate=None, threads_per_worker=1, *,
-                 processes=True, host=None, scheduler_port=0,
-                 dashboard_address=":8787", worker_dashboard_address=None,
-                 protocol=None, security=None,
-                 interface=None, silence_logs=logging.WARN, memory_limit="auto",
-                 asynchronous=False, loop=None, name=None, scheduler_kwargs=None,
-                 death_timeout=WORKER_START_TIMEOUT, **worker_kwargs):
+    devices: tuple[int | str, ...]
+    simulated: bool
+
+    def __init__(self, devices: int | str | Sequence[int | str] | None = None,
+                 simulate: bool | None = None, threads_per_worker: int = 1, *,
+                 processes: bool = True, host: str | None = None, scheduler_port: int = 0,
+                 dashboard_address: str | None = ":8787",
+                 worker_dashboard_address: str | None = None, protocol: str | None = None,
+                 security: Security | bool | None = None, interface: str | None = None,
+                 silence_logs: int | bool = logging.WARN,
+                 memory_limit: str | float | None = "auto", asynchronous: bool = False,
+                 loop: IOLoop | None = None, name: str | None = None,
+                 scheduler_kwargs: dict[str, Any] | None = None,
+                 death_timeout: float | str | None = WORKER_START_TIMEOUT,
+                 **worker_kwargs: Any) -> None:
         # Refuse what no worker would take now, before any process starts.
         check_options(threads_per_worker, worker_kwargs, processes=processes)
-        devices, simulate = resolve_devices(devices, simulate)
+        chosen, simulate = resolve_devices(devices, simulate)
         if not processes and not simulate:
             raise ValueError(
                 "LocalGPUCluster(processes=False) runs every worker in this one "
@@ -147,9 +162,9 @@ interface, silence_logs, memory_limit, asynchronous, loop, name, scheduler_kwarg
             silence_logs=silence_logs, death_timeout=death_timeout,
             dashboard_address=worker_dashboard_address,
             dashboard=worker_dashboard_address is not None,
-            memory_limit=host_memory(memory_limit, len(devices)),
+            memory_limit=host_memory(memory_limit, len(chosen)),
         )
-        scheduler = {
+        scheduler: dict[str, Any] = {
             "cls": Scheduler,
             "options": {
                 "host": host, "port": scheduler_port, "protocol": protocol,
@@ -165,11 +180,11 @@ interface, silence_logs, memory_limit, asynchronous, loop, name, scheduler_kwarg
         # Launches stay on the GPU workers whatever the graph's optimization drops.
         plugins = scheduler["options"].setdefault("plugins", [])
         scheduler["options"]["plugins"] = [*plugins, GPUPlacement()]
-        self.devices = devices
+        self.devices = chosen
         self.simulated = simulate
-        self._departures = {}  # worker name -> its latest departure (_give_up)
+        self._departures: dict[Any, object] = {}  # worker name -> its latest departure
         self._gpu_specs = worker_specs(
-            devices, simulate=simulate, threads_per_worker=threads_per_worker,
+            chosen, simulate=simulate, threads_per_worker=threads_per_worker,
             processes=processes, **worker_kwargs,
         )
         _config.check()  # a bad daskgpu.* setting stops the cluster here, named
@@ -186,7 +201,7 @@ interface, silence_logs, memory_limit, asynchronous, loop, name, scheduler_kwarg
             self._restore_config()
             raise
 
-    def new_worker_spec(self):
+    def new_worker_spec(self) -> dict[Any, dict[str, Any]]:
         """The spec of a GPU that has no worker, for ``scale``; there is one per GPU."""
         for worker_name, spec in self._gpu_specs.items():
             if worker_name not in self.worker_spec:
@@ -198,7 +213,7 @@ interface, silence_logs, memory_limit, asynchronous, loop, name, scheduler_kwarg
         )
 
     @property
-    def _supports_scaling(self):
+    def _supports_scaling(self) -> bool:  # type: ignore[override]  # as SpecCluster's
         return True
 
     def _update_worker_status(self, op, msg):
@@ -396,7 +411,8 @@ def _transport(security, protocol, host, interface, processes, scheduler_port):
     return security, protocol, host
 
 
-def resolve_devices(devices=None, simulate=None):
+def resolve_devices(devices: int | str | Sequence[int | str] | None = None,
+                    simulate: bool | None = None) -> tuple[tuple[int | str, ...], bool]:
     """The devices to run workers on, and whether to simulate: ``(devices, simulate)``.
 
     ``simulate=None`` simulates when ``daskgpu.simulate`` is on or the backend
@@ -420,11 +436,11 @@ def resolve_devices(devices=None, simulate=None):
                    "simulate=True to run kernels in Numba's CUDA simulator.")
             return local_devices(devices, simulate=False, no_gpu_fix=fix), False
         why, level = f"no CUDA GPU: {found.reason}", logging.WARNING
-    devices = local_devices(devices, simulate=True, simulated_count=SIMULATED_WORKERS)
+    chosen = local_devices(devices, simulate=True, simulated_count=SIMULATED_WORKERS)
     # One short line: a newcomer without a GPU sees it on every start.
     logger.log(level, "LocalGPUCluster: %s; %d simulated workers run kernels in Numba's "
-               "CUDA simulator", why, len(devices))
-    return devices, True
+               "CUDA simulator", why, len(chosen))
+    return chosen, True
 
 
 async def _close_nanny(nanny) -> None:

@@ -8,8 +8,12 @@ simulating workers, so that none of them imports another's module for it.
 
 from __future__ import annotations
 
+import math
+import numbers
 import sys
 import time
+import warnings
+from collections.abc import Mapping
 from typing import NamedTuple
 
 from daskgpu._bounded import BoundedCache
@@ -18,8 +22,8 @@ from daskgpu._dask.workers.plugin import DEVICE_METRIC, SIMULATED_METRIC
 from daskgpu._errors import PTXVersionError
 from daskgpu._image.ptx import max_ptx_isa, ptx_isa_version
 
-__all__ = ["ClusterFacts", "check_chunk_fits", "check_workers_link", "cluster_facts",
-           "gpu_clusters", "workers_info"]
+__all__ = ["ClusterFacts", "OddWorkerWarning", "check_chunk_fits", "check_workers_link",
+           "cluster_facts", "gpu_clusters", "workers_info"]
 
 
 def workers_info(client) -> dict:
@@ -60,14 +64,95 @@ FRESH_SECONDS = 5.0
 
 
 def _facts(workers: dict) -> ClusterFacts:
-    metrics = {address: w.get("metrics") or {} for address, w in workers.items()}
-    return ClusterFacts(
-        offers_gpu=any((w.get("resources") or {}).get(GPU) for w in workers.values()),
-        simulates=any(m.get(SIMULATED_METRIC) for m in metrics.values()),
-        devices=tuple((address, m[DEVICE_METRIC]) for address, m in sorted(metrics.items())
-                      if m.get(DEVICE_METRIC)),
-        gpu_memory=max((int((w.get("resources") or {}).get(GPU_MEMORY, 0))
-                        for w in workers.values()), default=0))
+    """The facts of ``workers`` (the scheduler's worker info by address).
+
+    What a worker reports is checked here, worker by worker: one whose device
+    facts or ``GPU-memory`` offer cannot be read (a compute capability sent as
+    text, facts as a list, an offer of ``inf`` or ``nan`` bytes) is left out of
+    those facts with a warning naming it and what it sent, so that one odd
+    worker does not make every map on the cluster fail.
+
+    Examples
+    --------
+    >>> facts = _facts({"tcp://a:1": {
+    ...     "resources": {"GPU": 1, "GPU-memory": 2**30},
+    ...     "metrics": {"daskgpu-device": {"cc": [9, 0], "driver": [13, 0], "linker": None}}}})
+    >>> facts.devices, facts.gpu_memory
+    ((('tcp://a:1', {'cc': (9, 0), 'driver': (13, 0), 'linker': None}),), 1073741824)
+    """
+    offers_gpu = simulates = False
+    devices, memory = [], 0
+    for address, worker in sorted(workers.items()):
+        worker = worker if isinstance(worker, Mapping) else {}
+        resources = _mapping(address, "resources", worker.get("resources"))
+        metrics = _mapping(address, "metrics", worker.get("metrics"))
+        offers_gpu = offers_gpu or bool(resources.get(GPU))
+        simulates = simulates or bool(metrics.get(SIMULATED_METRIC))
+        if metrics.get(DEVICE_METRIC):
+            versions = _versions(metrics[DEVICE_METRIC])
+            if versions is None:
+                _odd(address, f"device facts {metrics[DEVICE_METRIC]!r}",
+                     'a mapping {"cc": [major, minor], "driver": [major, minor], "linker": '
+                     "[major, minor] or null}, as daskgpu's GPUWorkerPlugin sends them",
+                     "its kernels are not checked against its device")
+            else:
+                devices.append((address, versions))
+        offer = resources.get(GPU_MEMORY, 0)
+        if _is_bytes(offer):
+            memory = max(memory, int(offer))
+        else:
+            _odd(address, f"{GPU_MEMORY}={offer!r}",
+                 "a whole number of bytes, 0 or more (or no such resource)",
+                 "its offer is not counted when chunks are checked against what workers "
+                 "offer; restart it with --resources GPU-memory=<bytes>, or without it")
+    return ClusterFacts(offers_gpu=offers_gpu, simulates=simulates, devices=tuple(devices),
+                        gpu_memory=memory)
+
+
+def _mapping(address, what, value) -> Mapping:
+    """``value`` when it is a mapping; else, when set, warned about and read as empty."""
+    if isinstance(value, Mapping):
+        return value
+    if value is not None:
+        _odd(address, f"{what} {value!r}", "a mapping", f"its {what} are not read")
+    return {}
+
+
+def _version(value, parts: int | None = None):
+    """``value`` as a tuple of whole numbers (of ``parts`` of them), or None."""
+    if not isinstance(value, list | tuple) or not value or (parts and len(value) != parts):
+        return None
+    if not all(isinstance(v, numbers.Integral) and not isinstance(v, bool) and v >= 0
+               for v in value):
+        return None
+    return tuple(int(v) for v in value)
+
+
+def _versions(value) -> dict | None:
+    """A worker's device facts checked, as tuples of whole numbers; None when odd."""
+    if not isinstance(value, Mapping):
+        return None
+    cc, driver = _version(value.get("cc"), 2), _version(value.get("driver"))
+    linker = value.get("linker")
+    if cc is None or driver is None or (linker is not None and _version(linker) is None):
+        return None
+    return {"cc": cc, "driver": driver, "linker": None if linker is None else _version(linker)}
+
+
+def _is_bytes(value) -> bool:
+    """Whether ``value`` reads as a number of bytes: real, finite, 0 or more, whole."""
+    return (isinstance(value, numbers.Real) and not isinstance(value, bool)
+            and math.isfinite(value) and value >= 0 and value == int(value))
+
+
+def _odd(address, sent, wanted, so) -> None:
+    warnings.warn(f"daskgpu: the worker {address} reports {sent}, where daskgpu reads "
+                  f"{wanted}; {so}. Other workers are not affected", OddWorkerWarning,
+                  stacklevel=3)
+
+
+class OddWorkerWarning(RuntimeWarning):
+    """A worker reports facts daskgpu cannot read; that worker's facts are left out."""
 
 
 def cluster_facts() -> ClusterFacts:

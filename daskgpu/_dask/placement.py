@@ -24,13 +24,15 @@ from __future__ import annotations
 import logging
 import threading
 
+from dask._task_spec import Alias, DataNode, Task, TaskRef
 from distributed.diagnostics.plugin import SchedulerPlugin
 
 from daskgpu._bounded import BoundedCache
+from daskgpu._dask.map_kernel.chunk_task import run_chunk
+from daskgpu._runtime.launch_task import LaunchTask
 
 __all__ = ["GPU", "GPUPlacement", "GPU_MEMORY", "LAUNCH_SHARE", "device_bytes",
-           "ensure_placement", "is_launch", "launch_nodes", "launches_in", "memory_offer",
-           "runs_launch"]
+           "ensure_placement", "launches_in", "memory_offer", "runs_launch"]
 
 logger = logging.getLogger("daskgpu")
 
@@ -76,47 +78,39 @@ def memory_offer(total: int | None, simulated: bool) -> int | None:
 _MAX_DEPTH = 6
 
 
-def is_launch(func) -> bool:
-    """Whether ``func`` is a daskgpu launch: a callable that marks itself ``daskgpu_launch``."""
-    return getattr(func, "daskgpu_launch", False) is True
-
-
-def runs_launch(node, depth: int = 0) -> bool:
+def runs_launch(node) -> bool:
     """Whether the task spec ``node`` runs a daskgpu launch, also inside fused subgraphs."""
-    return next(launch_nodes(node, depth), None) is not None
-
-
-def launch_nodes(node, depth: int = 0):
-    """The task specs within ``node`` whose callable is a daskgpu launch."""
-    for task, _, _ in launches_in(node, _nothing, depth):
-        yield task
+    return next(launches_in(node, _nothing), None) is not None
 
 
 def launches_in(node, lookup, depth: int = 0):
     """``(task, launch, lookup)`` for each task spec within ``node`` that runs a launch.
 
-    ``task`` is the spec whose callable is the launch (or ``run_chunk``);
-    ``launch`` is what it runs: the task's own callable (a ``Launch``), or the
-    ``ChunkLaunch`` (or fused pair) a ``map_kernel`` task reads first, inline
-    or as a reference to the map's launch key, which ``lookup(key)`` resolves
-    (the scheduler's task spec, or a worker's data); None when it cannot.
-    Within a fused subgraph, the values it is handed and its own tasks are
-    looked up first: low-level fusion hands a task its launch and its place
-    that way. ``lookup`` is the one that holds for ``task``'s arguments
-    (:func:`_resolved`).
+    The one walk over Dask's task specs that the scheduler's placement and the
+    worker's launch watch share. A task runs a launch when its callable is a
+    :class:`~daskgpu._runtime.launch_task.LaunchTask` (a submitted launch) or
+    :func:`~daskgpu._dask.map_kernel.chunk_task.run_chunk`, whose first
+    argument is the map's launch: inline, or a reference to the map's launch
+    key, which ``lookup(key)`` resolves (the scheduler's task spec, or a
+    worker's data). ``launch`` is None when it cannot be found. Within a
+    low-level fused task (``_execute_subgraph``), its input keys resolve to the
+    values it is handed, then to its own tasks; ``lookup`` is the one that holds
+    for ``task``'s arguments.
     """
     if depth > _MAX_DEPTH:
         return
-    func = getattr(node, "func", None)
-    if func is not None:
-        if is_launch(func) or is_launch(getattr(func, "func", None)):  # functools.partial
-            yield node, _launch_called(node, lookup), lookup
+    if isinstance(node, Task):
+        func = node.func
+        if isinstance(func, LaunchTask):
+            yield node, func, lookup
             return
-        args = getattr(node, "args", ())
-        kwargs = getattr(node, "kwargs", None) or {}
-        if getattr(node, "has_subgraph", lambda: False)():
-            lookup = _subgraph_lookup(args, lookup)
-        for a in (*args, *kwargs.values()):
+        if func is run_chunk:
+            launch = _resolved(node.args[0], lookup) if node.args else None
+            yield node, launch if isinstance(launch, LaunchTask) else None, lookup
+            return
+        if node.has_subgraph():
+            lookup = _subgraph_lookup(node.args, lookup)
+        for a in (*node.args, *node.kwargs.values()):
             yield from launches_in(a, lookup, depth + 1)
     elif isinstance(node, dict):
         def inner(key, graph=node):
@@ -145,32 +139,18 @@ def _subgraph_lookup(args, lookup):
         if key not in handed:
             return lookup(key)
         value = handed[key]
-        if hasattr(value, "key") and not hasattr(value, "value") \
-                and not hasattr(value, "func"):  # a reference, to a key outside
-            return lookup(value.key)
-        return value
+        return lookup(value.key) if isinstance(value, TaskRef | Alias) else value
 
     return inner
 
 
-def _launch_called(task, lookup):
-    """The launch object the launch task ``task`` calls (see :func:`launches_in`)."""
-    func = task.func
-    if hasattr(func, "timeout"):
-        return func
-    args = getattr(task, "args", ())
-    value = _resolved(args[0], lookup) if args else None
-    return value if hasattr(value, "timeout") else None
-
-
 def _resolved(node, lookup):
-    """An argument's value: a reference to a key through ``lookup`` (itself when that
-    finds nothing), a ``DataNode`` unwrapped; anything else as it is."""
-    key = getattr(node, "key", None)
-    if key is not None and not hasattr(node, "func"):  # a reference, or a named DataNode
-        found = lookup(key)
+    """An argument's value: a reference to a key (or an alias of one) through ``lookup``
+    (itself when that finds nothing), a ``DataNode`` unwrapped; anything else as it is."""
+    if isinstance(node, TaskRef | Alias):
+        found = lookup(node.key if isinstance(node, TaskRef) else node.target)
         node = node if found is None else found
-    while hasattr(node, "value") and not hasattr(node, "func"):  # a DataNode
+    if isinstance(node, DataNode):
         node = node.value
     return node
 
@@ -179,12 +159,12 @@ def device_bytes(node, tasks) -> int:
     """The device memory the launches of the task spec ``node`` ask for, in bytes.
 
     A ``map_kernel`` launch asks what its own chunk needs, from the
-    :class:`~daskgpu._dask.chunk_task.ChunkMemory` worked out when the graph
-    was built (on its ``ChunkLaunch``, read through the map's launch key in
-    ``tasks``, the scheduler's tasks, when it is not in the task) and the
-    block shape in the task's place. A ``client.submit`` launch asks for its
-    arguments' bytes: arrays in the task, and the futures it reads, by their
-    size on the scheduler. 0 when nothing is known.
+    :class:`~daskgpu._dask.map_kernel.chunk_task.ChunkMemory` worked out when the
+    graph was built (on its ``ChunkLaunch``, read through the map's launch key in
+    ``tasks``, the scheduler's tasks, when it is not in the task) and the block
+    shape in the task's place. A ``client.submit`` launch asks for its arguments'
+    bytes: arrays in the task, and the futures it reads, by their size on the
+    scheduler. 0 when nothing is known.
     """
     return _memory_asks(node, tasks)[0]
 
@@ -197,41 +177,33 @@ def _memory_asks(node, tasks) -> tuple[int, int]:
 
     need = most = 0
     for task, launch, lookup in launches_in(node, spec):
-        memory = getattr(launch, "memory", None)
-        if memory is not None:
-            shape = _block_shape(task, lookup)
-            need += memory.most if shape is None else memory.for_block(shape)
-            most += memory.most
+        if launch is None:
+            continue
+        if task.func is run_chunk:
+            need += launch.device_bytes(_block_shape(task, lookup))
+            most += launch.device_bytes()
         else:  # a Launch, submitted with its arguments
-            asked = sum(_nbytes(a, tasks) for a in getattr(task, "args", ()))
+            asked = launch.device_bytes(argument_bytes=sum(
+                _nbytes(a, tasks) for a in task.args))
             need, most = need + asked, most + asked
     return need, most
 
 
 def _block_shape(task, lookup):
     """The block shape in a ``map_kernel`` task's place (its last argument), else None."""
-    args = getattr(task, "args", ())
-    place = _resolved(args[-1], lookup) if args else None
+    place = _resolved(task.args[-1], lookup) if task.args else None
     if isinstance(place, tuple) and len(place) == 3 and isinstance(place[1], tuple) \
             and all(isinstance(n, int) for n in place[1]):
         return place[1]
     return None
 
 
-def _reference(node, tasks):
-    """The scheduler's task that ``node`` names (a reference to a key), else None."""
-    key = getattr(node, "key", None)
-    if key is not None and not hasattr(node, "func"):
-        return tasks.get(key)
-    return None
-
-
 def _nbytes(node, tasks) -> int:
     """An argument's size: an inline array's, or a computed key's on the scheduler."""
-    ts = _reference(node, tasks)
-    if ts is not None:
-        return max(int(ts.nbytes or 0), 0)
-    while hasattr(node, "value") and not hasattr(node, "func"):  # a DataNode
+    if isinstance(node, TaskRef | Alias):
+        ts = tasks.get(node.key if isinstance(node, TaskRef) else node.target)
+        return 0 if ts is None else max(int(ts.nbytes or 0), 0)
+    if isinstance(node, DataNode):
         node = node.value
     return max(int(getattr(node, "nbytes", 0) or 0), 0)
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
+from typing import Any
 
 from daskgpu._image.argspec import ArgSpec, signature_str
 
@@ -142,7 +143,7 @@ class KernelImage:
         """The argument types as Numba writes a signature, e.g. ``(float32[::1], float32)``."""
         return signature_str(self.args)
 
-    def option(self, key, default=None):
+    def option(self, key: str, default: Any = None) -> Any:
         """The link option ``key`` (e.g. ``"max_registers"``), else ``default``."""
         return dict(self.options).get(key, default)
 
@@ -163,7 +164,7 @@ class KernelImage:
     def __reduce__(self):
         return image_from_fields, (image_fields(self),)
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         targets = ", ".join(f"{a}.{b}" for a, b in self.targets)
         return (f"<KernelImage {self.name}{self.signature} targets=[{targets}] "
                 f"hash={self.hash[:12]}>")

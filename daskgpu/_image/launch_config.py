@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import math
 import operator
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from daskgpu._errors import LaunchConfigError, PicklingError
 
 
-def _dims(value, what: str) -> tuple:
+def _dims(value: object, what: str) -> tuple[int, ...]:
     dims = value if isinstance(value, tuple | list) else (value,)
     if not 1 <= len(dims) <= 3:
         raise LaunchConfigError(f"{what} must have 1 to 3 dimensions, got {value!r}")
@@ -31,7 +33,7 @@ def _dims(value, what: str) -> tuple:
     return dims + (1,) * (3 - len(dims))
 
 
-def _whole(value, what: str, fix: str) -> int:
+def _whole(value: Any, what: str, fix: str) -> int:
     """``value`` as an int; a float (``8.0``) or other non-integer is a LaunchConfigError."""
     try:
         return operator.index(value)
@@ -67,13 +69,25 @@ class LaunchConfig:
 
     __slots__ = ("griddim", "blockdim", "stream", "sharedmem", "ntasks", "tpb", "_key")
 
-    def __init__(self, griddim=None, blockdim=None, stream=0, sharedmem=0, *,
-                 ntasks=None, tpb=0):
+    griddim: tuple[int, ...] | None  # 3 ints; None for a forall launch
+    blockdim: tuple[int, ...] | None
+    stream: Any
+    sharedmem: int
+    ntasks: int | Sequence[int] | None
+    tpb: int
+
+    def __init__(self, griddim: int | Sequence[int] | None = None,
+                 blockdim: int | Sequence[int] | None = None, stream: object = 0,
+                 sharedmem: int = 0, *, ntasks: int | Sequence[int] | None = None,
+                 tpb: int = 0) -> None:
+        grid: tuple[int, ...] | None
+        block: tuple[int, ...] | None
         if ntasks is None:
             if griddim is None or blockdim is None:
                 raise LaunchConfigError("a launch needs both griddim and blockdim")
-            griddim, blockdim = _dims(griddim, "griddim"), _dims(blockdim, "blockdim")
+            grid, block = _dims(griddim, "griddim"), _dims(blockdim, "blockdim")
         else:
+            grid = block = None  # a forall's come from the occupancy API where it runs
             if isinstance(ntasks, list):
                 ntasks = tuple(ntasks)
             counts = ntasks if isinstance(ntasks, tuple) else (ntasks,)
@@ -91,7 +105,7 @@ class LaunchConfig:
                 raise LaunchConfigError(f"tpb must be 0 (automatic) or positive, got {tpb!r}")
         if _whole(sharedmem, "sharedmem", "give dynamic shared memory in bytes") < 0:
             raise LaunchConfigError(f"sharedmem must be non-negative, got {sharedmem!r}")
-        self.griddim, self.blockdim = griddim, blockdim
+        self.griddim, self.blockdim = grid, block
         self.stream, self.sharedmem = stream, int(sharedmem)
         self.ntasks, self.tpb = ntasks, int(tpb)
         # Configs key the runtime's per-kernel caches on every launch: hash once.
@@ -104,15 +118,15 @@ class LaunchConfig:
             stream = ("object", id(stream))
         return (self.griddim, self.blockdim, self.sharedmem, self.ntasks, self.tpb, stream)
 
-    def __eq__(self, other):
+    def __eq__(self, other: object) -> bool:
         return self is other or (
             isinstance(other, LaunchConfig) and self._identity() == other._identity()
         )
 
-    def __hash__(self):
+    def __hash__(self) -> int:
         return self._key
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         if self.ntasks is not None:
             parts = [f"ntasks={self.ntasks}"] + ([f"tpb={self.tpb}"] if self.tpb else [])
         else:
@@ -226,24 +240,24 @@ def fit_grid(ntasks: tuple, block: tuple, max_grid: tuple) -> tuple:
     The y and z grid axes take at most 65535 blocks: an axis of more tasks
     gets more threads of the block, taken from the axes that need them least.
     """
-    block = list(block)
-    total = math.prod(block)
+    shape = list(block)
+    total = math.prod(shape)
     for axis, n in enumerate(ntasks):
         need = -(-n // max_grid[axis])
-        while block[axis] < need:
-            if block[axis] * 2 > _MAX_BLOCK[axis]:
+        while shape[axis] < need:
+            if shape[axis] * 2 > _MAX_BLOCK[axis]:
                 raise LaunchConfigError(
                     f"forall over {ntasks} tasks needs more than {max_grid[axis]} blocks "
-                    f"along axis {axis} even with {block[axis]} threads of each block there; "
+                    f"along axis {axis} even with {shape[axis]} threads of each block there; "
                     "the device cannot launch that grid. Put the longest axis first "
                     "(grid x allows 2**31 - 1 blocks) or split the launch."
                 )
-            block[axis] *= 2
-            others = [a for a in range(len(block)) if a != axis and block[a] > 1]
-            if math.prod(block) > total and others:
-                widest = max(others, key=lambda a: block[a])
-                block[widest] //= 2
-    return tuple(block)
+            shape[axis] *= 2
+            others = [a for a in range(len(shape)) if a != axis and shape[a] > 1]
+            if math.prod(shape) > total and others:
+                widest = max(others, key=lambda a: shape[a])
+                shape[widest] //= 2
+    return tuple(shape)
 
 
 def block_shape(size: int, ntasks: tuple) -> tuple:

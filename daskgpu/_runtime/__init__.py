@@ -17,5 +17,6 @@ module                   what it holds
 ``faults``               exceptions raised by kernels on the device
 ``metrics``              launch time by activity for whoever hosts the runtime; NVTX
 ``kernel_files``         kernel bundle files: ``dg.save`` / ``dg.load``
+``numpy_shim``           numba-cuda 0.30 on NumPy 2.5, which removed ``np.row_stack``
 =======================  ==========================================================
 """

@@ -10,6 +10,7 @@ neither a compiler nor numba.
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING
 
 from daskgpu._errors import PicklingError
 from daskgpu._files import atomic_write
@@ -23,10 +24,14 @@ from daskgpu._image.bundle import (
 )
 from daskgpu._runtime.ptx_kernel import PTXKernel
 
+if TYPE_CHECKING:
+    from daskgpu._runtime.launch import Launchable
+
 __all__ = ["BundleInfo", "load", "read", "save"]
 
 
-def save(kernel, path, *, key=None) -> str:
+def save(kernel: Launchable, path: str | os.PathLike[str], *,
+         key: str | bytes | None = None) -> str:
     """Write a compiled kernel to a bundle file: data only, with an integrity hash.
 
     The bundle holds every compiled signature of the kernel as PTX text and
@@ -103,7 +108,7 @@ def _images_of(kernel) -> tuple:
     )
 
 
-def load(path, *, key=None) -> PTXKernel:
+def load(path: str | os.PathLike[str], *, key: str | bytes | None = None) -> PTXKernel:
     """Read a kernel bundle written by :func:`save`.
 
     The file is parsed as JSON only (nothing is unpickled or executed), after

@@ -7,15 +7,42 @@ runs is the backend's decision (:mod:`daskgpu._runtime.backends`).
 
 from __future__ import annotations
 
+from collections.abc import Callable, Collection, Hashable, Sequence
+from typing import TYPE_CHECKING, Any, Protocol, cast
+
 from daskgpu._bounded import BoundedCache
 from daskgpu._errors import LaunchConfigError, PicklingError
 from daskgpu._image.array_info import Zeroed, array_info
 from daskgpu._image.launch_config import LaunchConfig
 from daskgpu._image.random_states import RandomStates
 from daskgpu._runtime import backends
+from daskgpu._runtime.launch_task import LaunchTask
+
+if TYPE_CHECKING:
+    from daskgpu._image.image import KernelImage
+
+#: Grid, block or forall task counts: an int, or 1 to 3 of them.
+Dims = int | Sequence[int]
 
 
-def written_result(args, writes):
+class Launchable(Protocol):
+    """What a :class:`Launch` needs of its kernel (a ``Kernel`` or a ``PTXKernel``)."""
+
+    __name__: str
+
+    @property
+    def images(self) -> tuple[KernelImage, ...]: ...
+
+    def select_image(self, args: Sequence[Any], infos: Sequence[Any] | None = None
+                     ) -> KernelImage: ...
+
+    def launch_images(self) -> Collection[KernelImage]: ...
+
+    def _run(self, image: KernelImage, config: LaunchConfig, args: Sequence[Any],
+             infos: Sequence[Any]) -> Any: ...
+
+
+def written_result(args: Sequence[Any], writes: Sequence[int]) -> Any:
     """What a launch returns: ``None``, the one written array, or a tuple of them."""
     if not writes:
         return None
@@ -24,7 +51,7 @@ def written_result(args, writes):
     return tuple(unwrap(args[i]) for i in writes)
 
 
-def unwrap(arg):
+def unwrap(arg: Any) -> Any:
     if type(arg) is Zeroed:
         return arg.array
     if type(arg).__module__ == "numba.cuda.args":  # cuda.In / Out / InOut
@@ -32,7 +59,7 @@ def unwrap(arg):
     return arg
 
 
-class Launch:
+class Launch(LaunchTask):
     """A kernel with a launch configuration: a picklable callable.
 
     Calling it launches the kernel and returns what the kernel wrote: one array,
@@ -46,6 +73,9 @@ class Launch:
     config : LaunchConfig
         Grid and block dimensions, stream and shared memory, or a forall's
         number of tasks.
+    timeout : float or None
+        Seconds a Dask task running this launch may take; None: the worker's
+        ``daskgpu.launch-timeout``.
 
     Examples
     --------
@@ -70,18 +100,22 @@ class Launch:
     """
 
     __slots__ = ("kernel", "config", "timeout", "_fast")
-    #: Marks a GPU launch for the Dask layer's placement, which keeps it on GPU workers.
-    daskgpu_launch = True
 
-    def __init__(self, kernel, config: LaunchConfig, timeout: float | None = None):
+    kernel: Launchable
+    config: LaunchConfig
+    timeout: float | None
+
+    def __init__(self, kernel: Launchable, config: LaunchConfig,
+                 timeout: float | None = None) -> None:
         self.kernel = kernel
         self.config = config
         #: Seconds a Dask task running this launch may take before its GPU worker fails
         #: it and replaces its process; None: the worker's ``daskgpu.launch-timeout``.
         self.timeout = timeout
-        self._fast = None  # the runtime's fast function for repeats of the last launch
+        # The runtime's fast function for repeats of the last launch.
+        self._fast: Callable[[tuple], Any] | None = None
 
-    def __call__(self, *args):
+    def __call__(self, *args: Any) -> Any:
         fast = self._fast
         if fast is not None:
             result = fast(args)
@@ -109,21 +143,30 @@ class Launch:
             return Uncompiled, (self.kernel.__name__,)
         return Launch, (self.kernel, self.config, self.timeout)
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         limit = "" if self.timeout is None else f" timeout={self.timeout:g}s"
         return f"<Launch {self.kernel.__name__} {self.config!r}{limit}>"
 
     @property
-    def __name__(self):  # Dask names tasks after their function
+    def __name__(self) -> str:  # Dask names tasks after their function
         return self.kernel.__name__
 
+    @property
+    def kernel_name(self) -> str:
+        """The kernel's name."""
+        return self.kernel.__name__
 
-class Uncompiled:
+    def device_bytes(self, block: tuple | None = None, argument_bytes: int = 0) -> int:
+        """What the task's arguments take: the launch copies host arrays to the device."""
+        return int(argument_bytes)
+
+
+class Uncompiled(LaunchTask):
     """What a launch of a kernel with no compiled signature pickles to: calling it raises
     :class:`~daskgpu.PicklingError` naming ``specialize``, as workers cannot compile."""
 
     __slots__ = ("name",)
-    daskgpu_launch = True
+    timeout = None
 
     def __init__(self, name: str):
         self.name = name
@@ -137,6 +180,13 @@ class Uncompiled:
 
     def __reduce__(self):
         return Uncompiled, (self.name,)
+
+    @property
+    def kernel_name(self) -> str:
+        return self.name
+
+    def device_bytes(self, block=None, argument_bytes=0) -> int:
+        return 0  # it fails at once, launching nothing
 
     @property
     def __name__(self):
@@ -165,7 +215,10 @@ LAUNCHES_KEPT = 64
 class LaunchAPI:
     """Numba's launch syntax, shared by client and PTX-only kernels."""
 
-    def __getitem__(self, config) -> Launch:
+    #: The kernel's function name (set by each kind of kernel).
+    __name__: str
+
+    def __getitem__(self, config: tuple[Any, ...]) -> Launch:
         """``kernel[griddim, blockdim]`` or ``kernel[griddim, blockdim, stream, sharedmem]``."""
         if not isinstance(config, tuple) or not 2 <= len(config) <= 4:
             raise LaunchConfigError(
@@ -174,7 +227,7 @@ class LaunchAPI:
             )
         return self.configure(*config)
 
-    def _launch(self, key, make) -> Launch:
+    def _launch(self, key: Hashable, make: Callable[[], Launch]) -> Launch:
         """The :class:`Launch` for ``key``, made once per kernel and configuration.
 
         ``kernel[grid, block](...)`` in a loop then reuses one Launch and its
@@ -193,7 +246,8 @@ class LaunchAPI:
         except TypeError:  # e.g. dimensions given as lists
             return make()
 
-    def configure(self, griddim, blockdim, stream=0, sharedmem=0, timeout=None) -> Launch:
+    def configure(self, griddim: Dims, blockdim: Dims, stream: object = 0, sharedmem: int = 0,
+                  timeout: float | None = None) -> Launch:
         """A :class:`Launch` of this kernel on ``griddim`` blocks of ``blockdim`` threads.
 
         ``timeout`` (seconds) bounds a Dask task that runs the launch on a GPU
@@ -213,15 +267,16 @@ class LaunchAPI:
         >>> fill.configure(4, 256)
         <Launch fill LaunchConfig(griddim=(4, 1, 1), blockdim=(256, 1, 1))>
         """
-        def make():
-            return Launch(self, LaunchConfig(griddim, blockdim, stream, sharedmem),
+        def make() -> Launch:
+            return Launch(self._launchable(), LaunchConfig(griddim, blockdim, stream, sharedmem),
                           check_timeout(timeout))
 
         if stream or timeout is not None:
             return make()
         return self._launch(("grid", griddim, blockdim, sharedmem), make)
 
-    def forall(self, ntasks, tpb=0, stream=0, sharedmem=0, timeout=None) -> Launch:
+    def forall(self, ntasks: Dims, tpb: int = 0, stream: object = 0, sharedmem: int = 0,
+               timeout: float | None = None) -> Launch:
         """A :class:`Launch` covering ``ntasks`` threads, block size from occupancy.
 
         ``ntasks`` may be a tuple for kernels that use ``cuda.grid(2)`` or
@@ -239,26 +294,51 @@ class LaunchAPI:
         >>> fill.forall(1000)
         <Launch fill LaunchConfig(ntasks=1000)>
         """
-        def make():
-            return Launch(self, LaunchConfig(ntasks=ntasks, tpb=tpb, stream=stream,
+        def make() -> Launch:
+            return Launch(self._launchable(), LaunchConfig(ntasks=ntasks, tpb=tpb, stream=stream,
                                              sharedmem=sharedmem), check_timeout(timeout))
 
         if stream or timeout is not None:
             return make()
         return self._launch(("forall", ntasks, tpb, sharedmem), make)
 
+    def _launchable(self) -> Launchable:
+        # Each kind of kernel mixing this in has the images and dispatch a Launch uses.
+        return cast("Launchable", self)
+
     # -- dispatch, shared by both kinds of kernel ----------------------------
-    def _run(self, image, config, args, infos):
+    def _run(self, image: KernelImage, config: LaunchConfig, args: Sequence[Any],
+             infos: Sequence[Any]) -> Any:
         backends.for_image(image).run(image, config, args, infos)
         return written_result(args, image.writes)
 
 
-def check_timeout(seconds) -> float | None:
-    """A launch's time limit checked: None, or a positive number of seconds."""
+def check_timeout(seconds: object) -> float | None:
+    """A launch's time limit checked: None, or a finite number of seconds above 0.
+
+    Any real number serves, NumPy's included (``np.float32(2)``, ``np.int64(5)``);
+    booleans, NaN, 0, negatives and infinity are refused, as ``socket.settimeout``
+    and ``threading.Lock.acquire`` refuse what they cannot wait: no limit is said
+    one way, None.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> check_timeout(np.int64(5)), check_timeout(np.float32(2.5)), check_timeout(None)
+    (5.0, 2.5, None)
+    >>> check_timeout(float("inf"))
+    Traceback (most recent call last):
+    ...
+    daskgpu._errors.LaunchConfigError: timeout=inf: give the most seconds a task running ...
+    """
+    import math
+    import numbers
+
     if seconds is None:
         return None
-    if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not 0 < seconds:
+    if (isinstance(seconds, bool) or not isinstance(seconds, numbers.Real)
+            or not 0 < float(seconds) < math.inf):  # NaN fails the comparison too
         raise LaunchConfigError(
             f"timeout={seconds!r}: give the most seconds a task running the launch may "
-            "take, a number above 0, or None for the worker's daskgpu.launch-timeout")
+            "take, a finite number above 0, or None for the worker's daskgpu.launch-timeout")
     return float(seconds)

@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any, NoReturn
+
 from daskgpu._errors import PicklingError
 from daskgpu._runtime.dispatch import select_image
 from daskgpu._runtime.launch import LaunchAPI
+
+if TYPE_CHECKING:
+    from daskgpu._image.image import KernelImage
 
 
 class PTXKernel(LaunchAPI):
@@ -44,7 +50,9 @@ class PTXKernel(LaunchAPI):
     <Launch count LaunchConfig(ntasks=10)>
     """
 
-    def __init__(self, images):
+    images: tuple[KernelImage, ...]
+
+    def __init__(self, images: Iterable[KernelImage]) -> None:
         images = tuple(images)
         if not images:
             raise PicklingError("a PTXKernel needs at least one compiled image")
@@ -52,28 +60,29 @@ class PTXKernel(LaunchAPI):
         self.__name__ = images[0].name.rpartition(".")[2]
 
     @property
-    def signatures(self):
+    def signatures(self) -> list[str]:
         """The compiled signatures, as strings, in image order."""
         return [im.signature for im in self.images]
 
-    def select_image(self, args, infos=None):
+    def select_image(self, args: Sequence[Any], infos: Sequence[Any] | None = None
+                     ) -> KernelImage:
         """The image a launch on ``args`` runs, as Numba's dispatcher picks it; else ``TypeError``.
 
         ``infos`` are the arguments' array facts, when already read.
         """
         return select_image(self.__name__, self.images, args, infos)
 
-    def launch_images(self):
+    def launch_images(self) -> tuple[KernelImage, ...]:
         """The container of this kernel's images (fixed: a PTXKernel compiles nothing)."""
         return self.images
 
-    def __call__(self, *args, **kwargs):
+    def __call__(self, *args: Any, **kwargs: Any) -> NoReturn:
         raise unconfigured(self.__name__)
 
     def __reduce__(self):
         return PTXKernel, (self.images,)
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"<PTXKernel {self.__name__} signatures={self.signatures}>"
 
 

@@ -1,8 +1,10 @@
 """Sphinx directives that generate daskgpu's reference from the code at build time.
 
-- ``.. daskgpu-api::`` documents every name in ``daskgpu.__all__`` with autodoc,
-  grouped by :data:`GROUPS`; a name no group lists still gets an entry, under
-  "Other names", so a name added to ``__all__`` is never left out.
+- ``.. daskgpu-api::`` lists every name in ``daskgpu.__all__``, grouped by
+  :data:`GROUPS`, each with its summary and a page of its own
+  (``reference/api/daskgpu.NAME``, written when the build starts, documented with
+  autodoc); a name no group lists still gets its page, under "Other names", so a
+  name added to ``__all__`` is never left out.
 - ``.. daskgpu-settings::`` documents every setting of ``daskgpu._config.SETTINGS``
   from the comments and defaults of the packaged ``daskgpu.yaml``; each entry is a
   ``setting`` object, which ``:setting:`daskgpu.simulate``` links to.
@@ -17,6 +19,7 @@ import inspect
 import io
 import json
 import os
+import pathlib
 import re
 
 from docutils import nodes
@@ -86,8 +89,38 @@ def _autodoc_lines(name: str) -> list:
     return [f".. data:: daskgpu.{name}", "", *("   " + line for line in doc.splitlines())]
 
 
+#: Where each public name's page is written, relative to the docs folder.
+API_PAGES = "reference/api"
+
+
+def api_page(name: str) -> str:
+    """The text of ``name``'s page: its title and its autodoc entry."""
+    title = f"daskgpu.{name}"
+    return "\n".join([
+        ".. This page is written by docs/_ext/daskgpu_docs.py when the site is built.", "",
+        title, "=" * len(title), "", *_autodoc_lines(name), ""])
+
+
+def write_api_pages(app) -> None:
+    """One page per public name under :data:`API_PAGES`, and no page of a name gone.
+
+    A page is rewritten only when its text changes, so an incremental build reads
+    only what changed.
+    """
+    folder = pathlib.Path(app.srcdir) / API_PAGES
+    folder.mkdir(parents=True, exist_ok=True)
+    wanted = {f"daskgpu.{name}.rst": api_page(name) for name in public_names()}
+    for stale in folder.glob("*.rst"):
+        if stale.name not in wanted:
+            stale.unlink()
+    for filename, text in wanted.items():
+        path = folder / filename
+        if not path.is_file() or path.read_text() != text:
+            path.write_text(text)
+
+
 class APIDirective(SphinxDirective):
-    """Every name of ``daskgpu.__all__``, grouped, one autodoc entry each."""
+    """Every name of ``daskgpu.__all__``, grouped, with its summary and its page."""
 
     def run(self):
         lines = []
@@ -97,8 +130,9 @@ class APIDirective(SphinxDirective):
             for name in names:
                 lines += [f"   * - :py:obj:`daskgpu.{name}`", f"     - {_summary(name)}"]
             lines.append("")
-            for name in names:
-                lines += [*_autodoc_lines(name), ""]
+        lines += [".. toctree::", "   :hidden:", ""]
+        lines += [f"   {API_PAGES.partition('/')[2]}/daskgpu.{name}" for _, names in
+                  grouped_names() for name in names]
         return _parse(self, lines)
 
 
@@ -221,6 +255,7 @@ def _generated_pages(app, env, added, changed, removed):
 
 
 def setup(app):
+    app.connect("builder-inited", write_api_pages)
     app.connect("env-get-outdated", _generated_pages)
     app.add_object_type("setting", "setting", objname="daskgpu setting",
                         indextemplate="pair: %s; daskgpu setting")

@@ -264,3 +264,19 @@ def test_a_nanny_that_gives_up_is_reported_and_the_others_run_on(monkeypatch, ca
         "daskgpu worker: the worker on GPU 0 stopped for good: its nanny closed, either "
         "because the scheduler closed it or because its process did not start within "
         "death_timeout=120 s; 1 of 2 worker(s) still run\n")
+
+
+@pytest.mark.slow
+def test_tls_credentials_in_dasks_environment_variables_are_taken():
+    # As a Kubernetes manifest or a SLURM script sets them, before the process starts:
+    # dask's config then holds "ca_file" where a config file says "ca-file".
+    env = {**os.environ, "PYTHONPATH": str(REPO),
+           "DASK_DISTRIBUTED__COMM__TLS__CA_FILE": "/secrets/ca.pem",
+           "DASK_DISTRIBUTED__COMM__TLS__WORKER__CERT": "/secrets/worker.pem",
+           "DASK_DISTRIBUTED__COMM__TLS__WORKER__KEY": "/secrets/worker.key"}
+    code = ("from daskgpu._cli.workers import worker_security\n"
+            "print(worker_security('tls://scheduler:8786'))")
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "None\n"  # Dask's own settings serve: no credentials refused

@@ -7,10 +7,11 @@ import pickle
 import dask.array as da
 import numpy as np
 import pytest
+from layers import launch_keys
 from numba import cuda
 
 import daskgpu as dg
-from daskgpu._dask.chunk_params import (
+from daskgpu._dask.map_kernel.chunk_params import (
     ChunkContext,
     ChunkParam,
     ChunkPlaces,
@@ -24,7 +25,7 @@ from daskgpu._dask.chunk_params import (
     ValueParam,
     WholeParam,
 )
-from daskgpu._dask.chunk_task import ChunkLaunch, run_chunk
+from daskgpu._dask.map_kernel.chunk_task import ChunkLaunch, run_chunk
 from daskgpu._image.array_info import Zeroed
 from daskgpu._image.random_states import host_states
 from daskgpu._runtime import backends
@@ -211,7 +212,7 @@ def test_parameters_are_frozen_and_pickle_small(param):
 
 
 def test_a_record_dtype_keeps_its_fields():
-    from daskgpu._dask.chunk_params import plain_dtype
+    from daskgpu._dask.map_kernel.chunk_params import plain_dtype
 
     record = np.dtype([("a", "<f4"), ("b", "<i8")])
     assert plain_dtype(np.float32) == "<f4" and plain_dtype(record) == record
@@ -238,7 +239,8 @@ def _one_task(n_chunks):
     z = dg.map_kernel(saxpy_at, dg.Out(np.float32, like=x), np.float32(2), x, x, dg.offset)
     task = dict(z.__dask_graph__())[(z.name, n_chunks - 1)]
     assert task.func is run_chunk
-    assert isinstance(dict(z.__dask_graph__())[f"{z.name}-launch"].value, ChunkLaunch)
+    (key,) = launch_keys(z.__dask_graph__())
+    assert isinstance(dict(z.__dask_graph__())[key].value, ChunkLaunch)
     return task
 
 

@@ -10,10 +10,11 @@ import numpy as np
 import pytest
 from kit.kernels import saxpy as saxpy_eager
 from kit.kernels import saxpy_lazy as saxpy
+from layers import EXPRESSIONS, hlg_only
 from numba import cuda
 
 import daskgpu as dg
-from daskgpu._dask.chunk_task import ChunkLaunch
+from daskgpu._dask.map_kernel.chunk_task import ChunkLaunch
 from daskgpu._dask.placement import LAUNCH_SHARE, runs_launch
 
 # -- kernels ------------------------------------------------------------------
@@ -498,7 +499,7 @@ def test_failing_chunk_leaves_the_others_computable(client):
     idx = da.arange(12, chunks=4)
     table = np.arange(10.0) * 2
     z = dg.map_kernel(lookup, dg.Out(np.float64, like=idx), idx, table)
-    futures = client.compute([z.blocks[i] for i in range(3)])
+    futures = client.compute([z[i * 4:(i + 1) * 4] for i in range(3)])
     np.testing.assert_array_equal(futures[0].result(), [0, 2, 4, 6])
     np.testing.assert_array_equal(futures[1].result(), [8, 10, 12, 14])
     with pytest.raises(IndexError, match=r"^kernel 'lookup'<<<.*>>> on chunk \(2,\) at offset "
@@ -511,7 +512,9 @@ def test_failing_chunk_leaves_the_others_computable(client):
 def test_chunks_ask_for_a_gpu_when_the_cluster_offers_one(client):
     x = da.arange(40, chunks=10, dtype=np.float32)
     z = dg.map_kernel(saxpy, dg.Out(np.float32, like=x), np.float32(2), x, x)
-    assert z.__dask_graph__().layers[z.name].annotations == {"resources": {"GPU": LAUNCH_SHARE}}
+    if not EXPRESSIONS:  # expressions carry no annotations: placement rests on the plugin
+        assert z.__dask_graph__().layers[z.name].annotations == {
+            "resources": {"GPU": LAUNCH_SHARE}}
     gpu = [a for a, w in client.scheduler_info(n_workers=-1)["workers"].items()
            if w["resources"].get("GPU")]
     from distributed import get_task_stream
@@ -526,6 +529,7 @@ def test_chunks_ask_for_a_gpu_when_the_cluster_offers_one(client):
     assert ran == set(gpu)
 
 
+@hlg_only
 def test_no_gpu_annotation_without_a_client(simulate):
     x = da.arange(4, chunks=2, dtype=np.float32)
     z = dg.map_kernel(saxpy, dg.Out(np.float32, like=x), np.float32(2), x, x)

@@ -114,9 +114,12 @@ def test_axis_changes_say_what_to_use_instead(simulate, x, keyword, match):
 
 def _block_histograms(values, chunks):
     """Per block, the counts of value % 4, as an array numblocks + (4,)."""
-    blocks = da.from_array(values, chunks=chunks).to_delayed()
-    return np.array([[[np.bincount(b.compute().ravel() % 4, minlength=4) for b in row]
-                      for row in blocks]]).reshape(blocks.shape + (4,))
+    from dask.array.core import normalize_chunks, slices_from_chunks
+
+    chunks = normalize_chunks(chunks, values.shape)
+    counts = [np.bincount(values[s].ravel() % 4, minlength=4)
+              for s in slices_from_chunks(chunks)]
+    return np.array(counts).reshape(tuple(map(len, chunks)) + (4,))
 
 
 @pytest.mark.parametrize("axis", [0, 1, -1, (0, 1), None])

@@ -10,8 +10,8 @@ import pytest
 from numba import cuda
 
 import daskgpu as dg
-from daskgpu._dask import arg_kinds
-from daskgpu._dask.arg_kinds import (
+from daskgpu._dask.map_kernel import arg_kinds
+from daskgpu._dask.map_kernel.arg_kinds import (
     KINDS,
     ArrayKind,
     Kind,
@@ -25,7 +25,7 @@ from daskgpu._dask.arg_kinds import (
     WholeKind,
     classify,
 )
-from daskgpu._dask.chunk_params import ValueParam
+from daskgpu._dask.map_kernel.chunk_params import ValueParam
 
 
 @dg.jit

@@ -19,11 +19,13 @@ import numpy as np
 import pytest
 from distributed import Client, get_task_stream, wait
 from distributed.diagnostics.plugin import SchedulerPlugin
+from layers import EXPRESSIONS, hlg_only, launch_restrictions
 from numba import cuda
 
 import daskgpu as dg
 from daskgpu import _config
-from daskgpu._dask.placement import LAUNCH_SHARE, GPUPlacement, is_launch, runs_launch
+from daskgpu._dask.placement import LAUNCH_SHARE, GPUPlacement, runs_launch
+from daskgpu._runtime.launch_task import LaunchTask
 
 _config.register()
 
@@ -98,6 +100,8 @@ def _launch_tasks_run_on(client, collection) -> tuple:
     The launching tasks are found in the graph as the scheduler optimizes it
     (default settings): fused, a launch hides inside another layer's task.
     """
+    if EXPRESSIONS:
+        collection = collection.optimize()
     graph = dict(collection.__dask_optimize__(collection.__dask_graph__(),
                                               collection.__dask_keys__()))
     launching = {key for key, task in graph.items() if runs_launch(task)}
@@ -115,7 +119,8 @@ def _launch_tasks_run_on(client, collection) -> tuple:
 def test_no_launch_runs_on_the_plain_worker_with_default_settings(mixed_cluster):
     client = mixed_cluster
     plain = _plain_worker(client)
-    x = da.arange(24 * 64, dtype=np.float32, chunks=64) + 1  # a CPU layer before the map
+    # A CPU layer before the map (float32 again: Dask's expressions make it float64).
+    x = (da.arange(24 * 64, dtype=np.float32, chunks=64) + 1).astype(np.float32)
     y = dg.map_kernel(scale, dg.Out(np.float32, like=x), 2.0, x)
     total, counts, launching = _launch_tasks_run_on(client, (y * 1).sum())
     assert float(total) == 2.0 * float(np.arange(1, 24 * 64 + 1).sum())
@@ -130,11 +135,7 @@ def test_every_launch_task_on_the_scheduler_is_restricted_to_gpus(mixed_cluster)
     y = dg.map_kernel(scale, dg.Out(np.float32, like=x), 3.0, x).persist()
     wait(y)  # persist returns before the graph reaches the scheduler
     try:
-        keys = [k for k in y.__dask_keys__()]
-        restrictions = client.run_on_scheduler(
-            # Tuple keys arrive as lists.
-            lambda dask_scheduler, keys: [dask_scheduler.tasks[tuple(k)].resource_restrictions
-                                          for k in keys], keys=keys)
+        restrictions = list(launch_restrictions(client).values())
         assert restrictions == [{"GPU": LAUNCH_SHARE}] * 8
         assert (y.compute() == 3.0).all()
     finally:
@@ -143,11 +144,12 @@ def test_every_launch_task_on_the_scheduler_is_restricted_to_gpus(mixed_cluster)
 
 def test_launch_callables_mark_themselves():
     launch = scale.forall(8)
-    assert is_launch(launch)
-    assert not is_launch(np.add)
+    assert isinstance(launch, LaunchTask)
+    assert not isinstance(np.add, LaunchTask)
     assert isinstance(GPUPlacement(), SchedulerPlugin)
 
 
+@hlg_only  # low-level fusion is the HighLevelGraph's
 @pytest.mark.parametrize("blocks", [3, 300])  # the launch in each task, or a key of its own
 def test_the_launch_and_its_chunk_are_found_inside_fused_tasks(blocks):
     # Low-level fusion hands a fused task its map's launch (inline, or a reference to the
@@ -155,7 +157,7 @@ def test_the_launch_and_its_chunk_are_found_inside_fused_tasks(blocks):
     # worker's time limit both read them there, and the memory of each task's own block.
     from types import SimpleNamespace
 
-    from daskgpu._dask.mapping import EMBED_BYTES
+    from daskgpu._dask.map_kernel.graph_hlg import EMBED_BYTES
     from daskgpu._dask.placement import device_bytes
     from daskgpu._dask.workers.watchdog import launch_of
 
@@ -256,12 +258,10 @@ def test_a_gpu_worker_runs_as_many_launches_at_once_as_it_has_threads():
         with get_task_stream(client) as stream:
             y = dg.map_kernel(scale, dg.Out(np.float32, like=x), 2.0, x).persist()
             wait(y)
-        restrictions = client.run_on_scheduler(
-            lambda dask_scheduler, keys: [dask_scheduler.tasks[tuple(k)].resource_restrictions
-                                          for k in keys], keys=y.__dask_keys__())
-        assert restrictions == [{"GPU": LAUNCH_SHARE}] * 6
+        asked = launch_restrictions(client)
+        assert list(asked.values()) == [{"GPU": LAUNCH_SHARE}] * 6
         spans = sorted((s["start"], s["stop"]) for t in stream.data
-                       if t["key"][0] == y.name for s in t["startstops"]
+                       if t["key"] in asked for s in t["startstops"]
                        if s["action"] == "compute")
         assert len(spans) == 6
         # Two at once: the next starts well before the one before it ends (one at a
@@ -280,8 +280,5 @@ def test_a_launch_that_asks_for_the_whole_gpu_keeps_it():
         y = dg.map_kernel(scale, dg.Out(np.float32, like=x), 2.0, x).persist(
             resources={"GPU": 1})
         wait(y)
-        restrictions = client.run_on_scheduler(
-            lambda dask_scheduler, keys: [dask_scheduler.tasks[tuple(k)].resource_restrictions
-                                          for k in keys], keys=y.__dask_keys__())
-        assert restrictions == [{"GPU": 1}] * 2
+        assert list(launch_restrictions(client).values()) == [{"GPU": 1}] * 2
         assert (y.compute() == 2.0).all()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dask.array as da
 import numpy as np
 import pytest
+from layers import hlg_only
 from numba import cuda
 
 import daskgpu as dg
@@ -45,6 +46,7 @@ def test_elementwise_kernel_keeps_dims_coords_and_laziness(simulate):
     np.testing.assert_array_equal(z.compute().values, 2.0 * xn + yn)
 
 
+@hlg_only  # xarray's transpose calls an array method Dask's expressions lack yet
 def test_transposed_input_is_mapped_in_its_own_order(simulate):
     xn, x = _field(0)
     yn, y = _field(1)

@@ -9,6 +9,7 @@ site or fails a test below.
 from __future__ import annotations
 
 import html
+import json
 import pathlib
 import re
 import subprocess
@@ -50,16 +51,38 @@ def test_every_guide_page_is_built(site):
         assert (site / "guide" / f"{page.stem}.html").is_file(), page.name
 
 
+def _api_page(site, name) -> pathlib.Path:
+    return site / "reference" / "api" / f"daskgpu.{name}.html"
+
+
 @pytest.mark.parametrize("name", daskgpu.__all__)
 def test_every_public_name_has_an_api_entry(site, name):
-    assert f"daskgpu.{name}" in _ids(site / "reference" / "api.html")
+    assert f"daskgpu.{name}" in _ids(_api_page(site, name))
+    listing = html.unescape((site / "reference" / "api.html").read_text())
+    assert f'href="api/daskgpu.{name}.html#daskgpu.{name}"' in listing
+
+
+def test_each_public_name_has_a_page_of_its_own(site):
+    pages = {p.stem for p in (site / "reference" / "api").glob("daskgpu.*.html")}
+    assert pages == {f"daskgpu.{name}" for name in daskgpu.__all__}
+    for name in daskgpu.__all__:  # one entry a page, not the whole API on each
+        others = {f"daskgpu.{n}" for n in daskgpu.__all__ if n != name}
+        assert not others & _ids(_api_page(site, name)), name
 
 
 def test_public_classes_document_their_methods(site):
-    ids = _ids(site / "reference" / "api.html")
-    for entry in ("daskgpu.Kernel.specialize", "daskgpu.Kernel.compile",
-                  "daskgpu.PTXKernel.forall"):
+    for name, entry in (("Kernel", "daskgpu.Kernel.specialize"),
+                        ("Kernel", "daskgpu.Kernel.compile"),
+                        ("PTXKernel", "daskgpu.PTXKernel.forall")):
+        ids = _ids(_api_page(site, name))
         assert entry in ids or entry.replace("PTXKernel", "Launch") in ids, entry
+
+
+def test_no_two_pages_share_a_title(site):
+    # Search lists results by page title: two alike read as one page twice.
+    index = (site / "searchindex.js").read_text()
+    titles = json.loads(index[index.index("(") + 1:index.rindex(")")])["titles"]
+    assert sorted(t for t in set(titles) if titles.count(t) > 1) == []
 
 
 @pytest.mark.parametrize("key", list(_config.SETTINGS))
@@ -88,7 +111,7 @@ def test_every_command_has_its_help(site):
 
 def test_the_guide_links_to_the_references_that_resolve(site):
     page = (site / "guide" / "map-kernel.html").read_text()
-    assert 'href="../reference/api.html#daskgpu.map_kernel"' in page
+    assert 'href="../reference/api/daskgpu.map_kernel.html#daskgpu.map_kernel"' in page
     assert 'href="../reference/settings.html#setting-daskgpu.fuse-chains"' in page
 
 

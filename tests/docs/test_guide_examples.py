@@ -20,10 +20,17 @@ A page's fenced blocks run in the order they appear, in one fresh directory:
 ``dg.LocalGPUCluster`` runs its workers as threads of this process and simulated
 (``processes=False, simulate=True``): the same cluster class and code path, at a
 start cost of milliseconds, so that the whole guide runs in seconds.
+
+A reader also saves a page's examples into one file and runs it as a script, in
+worker processes that re-import it: ``test_guide_page_runs_as_a_script`` does
+that, in a fresh directory, simulated as without a GPU, and the fast check
+beside it that every cluster the guide starts sits under an ``if __name__ ==
+"__main__":`` guard.
 """
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import copy
 import pathlib
@@ -61,6 +68,10 @@ def guide_pages() -> list:
 
 def pages() -> list:
     return [p for p in guide_pages() if any(lang in ("python", "bash") for lang, _ in blocks(p))]
+
+
+def _page_id(page: pathlib.Path) -> str:
+    return page.relative_to(ROOT / "docs").with_suffix("").as_posix()
 
 
 def _extras() -> set:
@@ -131,7 +142,7 @@ def dask_config():
     dask.config.config.update(saved)
 
 
-@pytest.mark.parametrize("page", pages(), ids=lambda p: p.relative_to(ROOT / "docs").with_suffix("").as_posix())
+@pytest.mark.parametrize("page", pages(), ids=_page_id)
 def test_guide_page_examples_run(page, tmp_path, monkeypatch, threaded_clusters, dask_config):
     import distributed
 
@@ -176,6 +187,84 @@ def test_guide_gpu_example_runs_as_a_script(page, code, tmp_path):
     if proc.returncode != 0 and missing:
         pytest.skip(f"needs {missing.group(1)}")
     assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+# -- each page as a script ----------------------------------------------------------------------
+FILE = re.compile(r"# file: ([\w./-]+)\n")
+#: What starts a cluster: under a guard in a script, or each worker process starts one too.
+CLUSTERS = ("LocalGPUCluster", "LocalCluster", "LocalCUDACluster")
+
+
+def as_script(page: pathlib.Path) -> tuple:
+    """``(script, files)``: the page's ``python`` blocks as a reader saves them.
+
+    The blocks joined in page order make the script; a block whose first line is
+    ``# file: NAME`` is the file ``NAME`` instead; a block that needs a GPU is a
+    script of its own (``test_guide_gpu_example_runs_as_a_script``).
+    """
+    parts, files = [], {}
+    for lang, code in blocks(page):
+        if lang != "python" or code.startswith(f"# {NEEDS_GPU}"):
+            continue
+        if m := FILE.match(code):
+            files[m.group(1)] = code
+        else:
+            parts.append(code)
+    return "\n\n".join(parts), files
+
+
+def script_pages() -> list:
+    return [p for p in guide_pages() if as_script(p)[0]]
+
+
+def _is_main_guard(node) -> bool:
+    return isinstance(node, ast.If) and ast.unparse(node.test) in (
+        "__name__ == '__main__'", "'__main__' == __name__")
+
+
+def _unguarded_clusters(tree) -> list:
+    """The cluster calls of a module not inside an ``if __name__ == "__main__":``."""
+    found = []
+
+    def visit(node, guarded):
+        if isinstance(node, ast.Call):
+            name = ast.unparse(node.func).rpartition(".")[2]
+            if name in CLUSTERS and not guarded:
+                found.append(f"line {node.lineno}: {ast.unparse(node)[:80]}")
+        for child in ast.iter_child_nodes(node):
+            # A function's body runs only when called: what calls it is checked.
+            inner = guarded or _is_main_guard(node) or isinstance(
+                node, ast.FunctionDef | ast.AsyncFunctionDef)
+            visit(child, inner)
+
+    visit(tree, False)
+    return found
+
+
+@pytest.mark.parametrize("page", script_pages(), ids=_page_id)
+def test_every_cluster_a_page_starts_is_guarded(page):
+    script, files = as_script(page)
+    for name, code in [(f"{page.stem}.py", script), *files.items()]:
+        assert not _unguarded_clusters(ast.parse(code)), (
+            f"{page.name}, saved as {name}, starts a cluster outside an "
+            f"`if __name__ == \"__main__\":` guard: {_unguarded_clusters(ast.parse(code))}")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("page", script_pages(), ids=_page_id)
+def test_guide_page_runs_as_a_script(page, tmp_path):
+    """The page saved as one script and run with ``python``, simulated, in a fresh
+    directory: its clusters' workers are processes that re-import the script."""
+    script, files = as_script(page)
+    for name, code in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(code)
+    (tmp_path / f"{page.stem}.py").write_text(script)
+    proc = run(["DASK_DASKGPU__SIMULATE=1", "python", f"{page.stem}.py"], tmp_path,
+               timeout=600)
+    # A page that shows a task's error leaves the worker's log of it on stderr: the
+    # script's exit status (a failed assert, an uncaught error) is what counts.
+    assert proc.returncode == 0, f"{page.name} as a script:\n{proc.stderr[-4000:]}"
 
 
 def test_only_the_deploying_page_shows_commands_it_does_not_run():

@@ -188,3 +188,25 @@ def test_written_result():
     assert written_result((a, b, c), ()) is None
     assert written_result((a, b, c), (1,)) is b
     assert written_result((a, b, c), (0, 2)) == (a, c)
+
+
+@dg.jit("void(float32[::1])")
+def _halve(x):
+    i = cuda.grid(1)
+    if i < x.size:
+        x[i] /= 2
+
+
+def test_a_time_limit_takes_numpys_numbers_and_refuses_what_cannot_be_waited():
+    import numpy as np
+
+    for seconds, limit in ((np.float32(2), 2.0), (np.int64(5), 5.0), (np.float64(0.5), 0.5),
+                           (3, 3.0)):
+        launch = _halve.configure(1, 8, timeout=seconds)
+        assert launch.timeout == limit and type(launch.timeout) is float
+        assert _halve.forall(8, timeout=seconds).timeout == limit
+    for refused in (True, np.bool_(True), float("nan"), np.float32("nan"), 0, -1.0,
+                    float("inf"), np.inf, "5", [5]):
+        with pytest.raises(dg.LaunchConfigError, match=r"timeout=.*: give the most seconds "
+                           r"a task running the launch may take, a finite number above 0"):
+            _halve.configure(1, 8, timeout=refused)

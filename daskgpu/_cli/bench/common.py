@@ -13,6 +13,8 @@ import uuid
 
 import numpy as np
 
+from daskgpu._runtime.launch_task import LaunchTask
+
 
 @dataclasses.dataclass(frozen=True)
 class BenchOptions:
@@ -298,19 +300,38 @@ def alloc_chunk(x, *rest):
     return np.empty_like(x)
 
 
-def placed_noop_chunk(x, *rest):
-    """:func:`noop_chunk` placed as ``map_kernel``'s tasks are: marked a launch, so that
-    the scheduler's placement plugin restricts it to GPU workers with the same share.
+class _Placed(LaunchTask):
+    """A bench function placed as ``map_kernel``'s tasks are: a
+    :class:`~daskgpu._runtime.launch_task.LaunchTask`, so that the scheduler's placement
+    plugin restricts it to GPU workers with the same share.
 
     A ``resources`` annotation would not do: Dask's low-level task fusion, on by
     default, drops layer annotations on the way to the scheduler.
     """
-    return noop_chunk(x)
+
+    __slots__ = ("func",)
+    timeout = None
+
+    def __init__(self, func):
+        self.func = func
+
+    def __reduce__(self):
+        return _Placed, (self.func,)
+
+    @property
+    def kernel_name(self) -> str:
+        return self.func.__name__
+
+    @property
+    def __name__(self):  # Dask names tasks after their function
+        return self.func.__name__
+
+    def device_bytes(self, block=None, argument_bytes=0) -> int:
+        return 0
+
+    def __call__(self, x, *rest):
+        return self.func(x)
 
 
-def placed_alloc_chunk(x, *rest):
-    """:func:`alloc_chunk` placed as ``map_kernel``'s tasks are (see :func:`placed_noop_chunk`)."""
-    return alloc_chunk(x)
-
-
-placed_noop_chunk.daskgpu_launch = placed_alloc_chunk.daskgpu_launch = True
+#: :func:`noop_chunk` and :func:`alloc_chunk` placed as ``map_kernel``'s tasks are.
+placed_noop_chunk, placed_alloc_chunk = _Placed(noop_chunk), _Placed(alloc_chunk)

@@ -133,7 +133,10 @@ def open_input(path, chunks=None):
         meta = np.empty((0,) * source.ndim, source.dtype)
         return da.from_array(source, chunks=chunks or "auto", meta=meta,
                              name=f"npy-{tokenize(source, chunks)}")
-    return da.from_zarr(source, chunks=chunks)
+    # As da.from_zarr reads it, which Dask's array expressions do not have.
+    return da.from_array(source, chunks=chunks or source.chunks,
+                         meta=np.empty((0,) * source.ndim, source.dtype),
+                         name=f"from-zarr-{tokenize(source, chunks)}")
 
 
 def _check_dtype(path, dtype):

@@ -212,7 +212,21 @@ def batch_kernel(kernel):
         from daskgpu._compiler.kernel import jit
 
         return jit(kernel)
+    from daskgpu._runtime.launch import LaunchAPI
+
+    if not isinstance(kernel, LaunchAPI):  # a daskgpu kernel, lazy or PTX only
+        raise BatchError(
+            f"run_batch takes a kernel: one made by dg.jit or dg.kernel or loaded by "
+            f"dg.load, a plain Python function in Numba's CUDA dialect, a numba.cuda.jit "
+            f"dispatcher, or the path of a .dgk bundle; got {_shown(kernel)}")
     return kernel
+
+
+def _shown(value) -> str:
+    """``value`` as an error names it: short, with its type."""
+    text = repr(value)
+    text = text if len(text) <= 80 else text[:77] + "..."
+    return f"{text} (of type {type(value).__name__})"
 
 
 def local_client(stack, devices=None, simulate=None):
@@ -287,7 +301,7 @@ def _write_tasks(job):
     """One write task per chunk, as a dask array of chunks ``(1, ...)``."""
     import dask.array as da
 
-    from daskgpu._dask.mapping import Out, map_kernel
+    from daskgpu._dask.map_kernel.api import Out, map_kernel
 
     arguments = [Out(a, like=job.first) if isinstance(a, np.dtype) else a
                  for a in job.arguments]

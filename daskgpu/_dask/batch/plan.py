@@ -174,21 +174,79 @@ def _select_image(kernel, order, outs, scalars, arrays):
 
 
 def misfit_error(kernel, order, examples, exc) -> BatchError:
-    """The one-line error for a kernel that takes no arguments in the order given."""
+    """The one-line error for a kernel that does not compile for, or take, the arguments
+    in the order given: the compiler's reason, and ``--order`` advised only where
+    another order could help (the arguments are not all of one type, and the reason is
+    not one that no order changes, such as a name the kernel does not define)."""
     import inspect
 
     name = getattr(kernel, "__name__", str(kernel))
     py_func = getattr(kernel, "py_func", None)
-    params = (f"; its parameters are {name}{inspect.signature(py_func)}"
-              if py_func is not None else "")
+    params = inspect.signature(py_func).parameters if py_func is not None else None
+    shown = f"{name}{inspect.signature(py_func)}" if py_func is not None else None
     kinds = ", ".join(f"{w}: {_kind(e)}" for w, e in zip(order, examples))
-    # The reason, without Numba's colours and with its first line only.
-    reason = re.sub(r"\x1b\[[0-9;]*m", "", str(exc)).strip().splitlines()
-    return BatchError(
-        f"kernel {name!r} does not fit this batch, which calls it as ({', '.join(order)}) = "
-        f"({kinds}){params}: {reason[0] if reason else type(exc).__name__}. If its "
-        "parameters come in another order, give it with --order (order= in run_batch), one "
-        "word per parameter, e.g. --order out,in,scalar for kernel(out, x, a)")
+    calls = f"this batch calls it as ({', '.join(order)}) = ({kinds})"
+    if params is not None and _takes_fixed(params) and len(params) != len(examples):
+        counts = {word: list(order).count(word) for word in ORDER_WORDS}
+        return BatchError(
+            f"kernel {name!r} takes {len(params)} parameters, {shown}, but {calls}: "
+            f"{counts['out']} output(s), {counts['scalar']} scalar(s) and {counts['in']} "
+            f"input(s); give one output, scalar or input per parameter (--output, --scalar "
+            "and --input; outputs=, scalars= and inputs= in run_batch)")
+    reason = compiler_reason(exc)
+    if _UNTYPED.search(reason):
+        return BatchError(f"kernel {name!r} does not compile, whatever its arguments: "
+                          f"{reason}; fix the kernel ({calls})")
+    hint = ""
+    if len({_type_key(e) for e in examples}) > 1:
+        hint = (" If its parameters come in another order, give it with --order (order= in "
+                "run_batch), one word per parameter, e.g. --order out,in,scalar for "
+                "kernel(out, x, a)")
+    params_text = f"; its parameters are {shown}" if shown else ""
+    return BatchError(f"kernel {name!r} does not fit this batch: {calls}{params_text}, and "
+                      f"compiling it for them failed: {reason}.{hint}")
+
+
+#: Compiler reasons that no order of the arguments changes: the kernel itself is wrong.
+_UNTYPED = re.compile(r"\bNameError\b|is not defined|SyntaxError|IndentationError")
+
+
+def compiler_reason(exc) -> str:
+    """The reason in a compile error: its first line that says what is wrong, without
+    Numba's colours, its pipeline banners or daskgpu's own "compiling ... failed:" head.
+
+    Examples
+    --------
+    >>> compiler_reason(TypeError("compiling f for (int64) failed:\\nFailed in cuda mode "
+    ...                           "pipeline\\nNameError: name 'y' is not defined"))
+    "NameError: name 'y' is not defined"
+    """
+    text = re.sub(r"\x1b\[[0-9;]*m", "", str(exc))
+    lines = [line.strip() for line in text.splitlines()]
+    lines = [line for line in lines if line and not (
+        (line.startswith("compiling ") and line.endswith("failed:"))
+        or line.startswith(("Failed in ", "During: ")))]
+    if not lines:
+        return type(exc).__name__
+    reason = lines[0]
+    if reason.endswith(":") and len(lines) > 1:  # "no implementation ... for signature:"
+        reason = f"{reason} {lines[1]}"
+    reason = reason.rstrip(".")
+    return reason if len(reason) <= 400 else reason[:397] + "..."
+
+
+def _takes_fixed(params) -> bool:
+    import inspect
+
+    return all(p.kind in (inspect.Parameter.POSITIONAL_ONLY,
+                          inspect.Parameter.POSITIONAL_OR_KEYWORD) for p in params.values())
+
+
+def _type_key(example):
+    """What the compiler sees of an argument: an array's dtype and rank, a scalar's type."""
+    if isinstance(example, np.ndarray):
+        return ("array", example.dtype, example.ndim)
+    return ("scalar", type(example))
 
 
 def _kind(example) -> str:

@@ -17,15 +17,22 @@ metric per report:
 Both land under the running task's prefix and span, on the scheduler and in
 each ``Span``'s ``cumulative_worker_metrics``. The same reports also feed the
 worker's Prometheus figures (:mod:`daskgpu._dask.workers.prometheus`).
+
+:class:`TaskTimes` is the part of :class:`~daskgpu.GPUWorkerPlugin` that turns
+this on for a worker, and opens an NVTX range over each task it runs.
 """
 
 from __future__ import annotations
 
+from dask.utils import key_split
 from distributed.metrics import context_meter
 
+from daskgpu._dask.workers import prometheus
+from daskgpu._runtime import metrics
 from daskgpu._runtime.metrics import ACTIVITIES
 
-__all__ = ["KERNEL_UNIT", "GPUTimeDigest", "activity_label", "digest_gpu_time", "kernel_label"]
+__all__ = ["KERNEL_UNIT", "GPUTimeDigest", "TaskTimes", "activity_label", "digest_gpu_time",
+           "kernel_label"]
 
 #: The fine performance metrics unit of GPU time labelled by kernel.
 KERNEL_UNIT = "kernel-seconds"
@@ -129,3 +136,39 @@ class GPUTimeDigest:
 #: The recorder :class:`~daskgpu.GPUWorkerPlugin` installs: one per process, so that a
 #: worker set up again removes the one it added.
 digest_gpu_time = GPUTimeDigest()
+
+
+class TaskTimes:
+    """Launches' GPU time into distributed's metrics and Prometheus, and an NVTX range
+    over each task, from :meth:`setup` to :meth:`teardown` of a worker."""
+
+    def __init__(self):
+        #: The NVTX ranges of running tasks by key (None when not set up).
+        self.ranges = None
+
+    def setup(self, worker) -> None:
+        if self.ranges is None:  # set up once: one recorder to remove on teardown
+            prometheus.install(digest_gpu_time)  # before the first launch makes its sinks
+            metrics.add_recorder(digest_gpu_time)
+        self.ranges = {}
+
+    def teardown(self, worker) -> None:
+        if self.ranges is None:
+            return
+        metrics.remove_recorder(digest_gpu_time)
+        for range_id in self.ranges.values():
+            metrics.end_range(range_id)
+        self.ranges = None
+
+    def transition(self, key, start, finish) -> None:
+        """An NVTX range over a task's run, named after its key's prefix (a bounded set
+        of names: NVTX registers each one). Opened here, closed on another thread."""
+        ranges = self.ranges
+        if ranges is None or "executing" not in (start, finish):
+            return
+        if finish == "executing":
+            range_id = metrics.start_range(key_split(key))
+            if range_id is not None:
+                ranges[key] = range_id
+        elif key in ranges:
+            metrics.end_range(ranges.pop(key))

@@ -19,10 +19,12 @@ expect of a machine shared with other jobs.
 from __future__ import annotations
 
 import logging
+import math
+import numbers
 import operator
 import os
 
-from daskgpu._dask.placement import GPU
+from daskgpu._dask.placement import GPU, GPU_MEMORY
 from daskgpu._dask.workers.plugin import GPUWorkerPlugin
 from daskgpu._errors import DeviceError
 from daskgpu._runtime import backends
@@ -185,12 +187,30 @@ def host_memory(limit, workers: int):
 
 
 def gpu_resources(resources) -> dict:
-    """``resources`` checked: ``GPU``, if there, must be 1."""
+    """``resources`` checked: ``GPU``, if there, must be 1; ``GPU-memory``, if there, a
+    finite number of bytes above 0 (launches ask for their bytes of it: an offer of
+    ``inf`` would let them oversubscribe the device, one of ``nan`` or 0 take none).
+
+    Examples
+    --------
+    >>> gpu_resources({"GPU-memory": float("inf")})
+    Traceback (most recent call last):
+    ...
+    ValueError: resources GPU-memory=inf: the device memory launches may share must be ...
+    """
     resources = dict(resources or {})
     if GPU in resources and resources[GPU] != 1:
         raise ValueError(
             f"resources {GPU}={resources[GPU]}: a daskgpu worker serves one GPU and offers "
             f"{GPU}=1, of which each launch asks a share; leave {GPU} out of the resources, "
             "and give more devices to run more workers"
+        )
+    offer = resources.get(GPU_MEMORY)
+    if offer is not None and (isinstance(offer, bool) or not isinstance(offer, numbers.Real)
+                              or not 0 < offer < math.inf):
+        raise ValueError(
+            f"resources {GPU_MEMORY}={offer!r}: the device memory launches may share must be "
+            "a finite number of bytes above 0, e.g. GPU-memory=16e9; leave it out to offer "
+            "the device's own memory less daskgpu.device-memory-margin"
         )
     return resources

@@ -1,4 +1,4 @@
-"""Launches that will not end: time limits and cancellation on a GPU worker.
+"""Launches that will not end, and lost contexts: time limits, cancellation, replacement.
 
 A Dask task cannot be interrupted once it runs, and a thread waiting for a
 CUDA kernel cannot be made to stop; only tearing down the process's CUDA
@@ -22,14 +22,29 @@ tasks that were running on it run again, as after a lost worker.
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import os
 import time
 
 from dask.utils import key_split
+from distributed.protocol import pickle
 
 from daskgpu import _config
 from daskgpu._dask.placement import launches_in
+from daskgpu._errors import ContextLostError, LaunchTimeoutError
 
-__all__ = ["PERIOD", "LaunchWatch", "launch_of", "timeout_message"]
+__all__ = ["GRACE", "PERIOD", "WATCH_CALLBACK", "LaunchGuard", "LaunchWatch", "close_worker",
+           "launch_of", "lost_context", "timeout_message"]
+
+logger = logging.getLogger("daskgpu")
+
+#: The worker's periodic callback that looks at running launches (:meth:`LaunchGuard.look`).
+WATCH_CALLBACK = "daskgpu-launch-watch"
+
+#: Seconds the worker keeps running after a task lost the CUDA context, so that the
+#: task's error reaches the scheduler before the process goes.
+GRACE = 0.5
 
 #: Seconds between two looks at the running launches.
 PERIOD = 0.25
@@ -41,9 +56,11 @@ class LaunchWatch:
     Examples
     --------
     >>> watch = LaunchWatch(default_limit=None, grace=2.0)
-    >>> watch.started("k", 1.0, now=10.0)
+    >>> watch.started("k", 1.0, now=10.0, kernel="spin")
     >>> watch.overdue(now=10.5), watch.overdue(now=11.5)
     ([], [('k', 1.0)])
+    >>> watch.kernel("k")
+    'spin'
     >>> watch.cancelled("k", now=11.6)
     >>> watch.stuck(now=12.0), watch.stuck(now=13.7)
     ([], ['k'])
@@ -53,11 +70,19 @@ class LaunchWatch:
         self.default_limit = default_limit
         self.grace = grace
         self._running = {}  # key -> (start, limit or None)
+        self._kernels = {}  # key -> the kernel's name
         self._cancelled = {}  # key -> when it was cancelled
 
-    def started(self, key, limit: float | None, now: float | None = None) -> None:
+    def started(self, key, limit: float | None, now: float | None = None,
+                kernel: str | None = None) -> None:
         limit = self.default_limit if limit is None else limit
         self._running[key] = (time.monotonic() if now is None else now, limit)
+        if kernel is not None:
+            self._kernels[key] = kernel
+
+    def kernel(self, key) -> str | None:
+        """The name of the kernel the task ``key`` launches, where it was given."""
+        return self._kernels.get(key)
 
     def cancelled(self, key, now: float | None = None) -> None:
         if key in self._running:
@@ -65,6 +90,7 @@ class LaunchWatch:
 
     def ended(self, key) -> None:
         self._running.pop(key, None)
+        self._kernels.pop(key, None)
         self._cancelled.pop(key, None)
 
     def overdue(self, now: float | None = None) -> list:
@@ -87,9 +113,9 @@ class LaunchWatch:
 
 
 def launch_of(run_spec, data) -> object | None:
-    """The launch a task's spec runs (a ``Launch``, ``ChunkLaunch`` or fused pair), read
-    through references to keys held in ``data`` (a map's launch is a key of its own);
-    None when the task runs none."""
+    """The :class:`~daskgpu._runtime.launch_task.LaunchTask` a task's spec runs (a
+    ``Launch``, ``ChunkLaunch`` or fused pair), read through references to keys held in
+    ``data`` (a map's launch is a key of its own); None when the task runs none."""
     def held(key):
         return data[key] if key in data else None
 
@@ -97,10 +123,166 @@ def launch_of(run_spec, data) -> object | None:
                  if launch is not None), None)
 
 
-def timeout_message(key, limit: float) -> str:
-    """The one line of a task that outlived its limit: the kernel, the chunk, the limit."""
-    kernel = key_split(key)
+def timeout_message(key, limit: float, kernel: str | None = None) -> str:
+    """The one line of a task that outlived its limit: the kernel, the chunk, the limit.
+
+    ``kernel`` is the launch's own name (its ``LaunchTask.kernel_name``);
+    without it, the task's name stands in.
+
+    Examples
+    --------
+    >>> timeout_message(("array-sum", 2), 1.0, kernel="spin_chunk")[:41]
+    "kernel 'spin_chunk' on chunk (2,) did not"
+    """
+    kernel = kernel or key_split(key)
     chunk = f" on chunk {tuple(key[1:])}" if isinstance(key, tuple) and len(key) > 1 else ""
     return (f"kernel {kernel!r}{chunk} did not finish within its time limit of {limit:g} s "
             "(timeout=, or daskgpu.launch-timeout); the worker's process is replaced to free "
             "its GPU, and its other tasks run again")
+
+
+class LaunchGuard:
+    """The part of :class:`~daskgpu.GPUWorkerPlugin` that replaces a worker whose GPU is
+    stuck: a task over its time limit, a cancelled launch still running after
+    ``daskgpu.cancel-grace``, a task that lost the CUDA context.
+
+    It watches the launch tasks (:class:`LaunchWatch`) from the worker's task
+    transitions and looks at them every :data:`PERIOD` seconds; the worker is
+    closed (:func:`close_worker`) once, after the failing task's error has
+    reached the scheduler.
+    """
+
+    def __init__(self):
+        self.worker = None
+        #: Whether the worker is being closed.
+        self.closing = False
+        #: The running launches' time limits and cancellations.
+        self.watch = None
+
+    def setup(self, worker) -> None:
+        self.worker = worker
+        self.watch = LaunchWatch.from_config()
+        callbacks = getattr(worker, "periodic_callbacks", None)
+        if isinstance(callbacks, dict) and WATCH_CALLBACK not in callbacks:
+            from tornado.ioloop import PeriodicCallback
+
+            callbacks[WATCH_CALLBACK] = watching = PeriodicCallback(self.look, PERIOD * 1000)
+            watching.start()
+
+    def teardown(self, worker) -> None:
+        callbacks = getattr(worker, "periodic_callbacks", None)
+        if isinstance(callbacks, dict) and WATCH_CALLBACK in callbacks:
+            callbacks.pop(WATCH_CALLBACK).stop()
+        self.watch = None
+
+    def transition(self, key, start, finish) -> None:
+        """Watch a running launch's time and its cancellation; close the worker after a
+        task failed with a lost CUDA context (or over its time limit)."""
+        if finish == "executing" or start == "executing":
+            self._watch_task(key, finish)
+        if finish != "error" or self.worker is None or self.closing:
+            return
+        task = self.worker.state.tasks.get(key)
+        if task is None or not lost_context(task):
+            return
+        self.closing = True
+        worker = self.worker
+        logger.error("daskgpu: task %r lost the CUDA context (%s); closing worker %s so "
+                     "its nanny restarts it", key, task.exception_text, worker.address)
+        # A kernel over its time limit still runs: the process must end, not close.
+        hung = "LaunchTimeoutError" in (task.exception_text or "")
+        worker.loop.call_later(GRACE, close_worker, worker, hung)
+
+    def _watch_task(self, key, finish) -> None:
+        watch, worker = self.watch, self.worker
+        if watch is None or worker is None:
+            return
+        task = worker.state.tasks.get(key)
+        if finish == "executing":
+            launch = launch_of(task.run_spec, worker.data) if task is not None else None
+            if launch is not None:
+                watch.started(key, launch.timeout, kernel=launch.kernel_name)
+        elif _still_running(task):  # cancelled while it runs (seen as "released")
+            watch.cancelled(key)
+        else:
+            watch.ended(key)
+
+    def look(self) -> None:
+        """Fail the launch tasks over their time limit; replace the process whose cancelled
+        launch is still running after the grace period."""
+        watch, worker = self.watch, self.worker
+        if not watch or worker is None or self.closing:
+            return
+        for key, limit in watch.overdue():
+            kernel = watch.kernel(key)
+            watch.ended(key)
+            task = worker.state.tasks.get(key)
+            if task is None or task.state != "executing":
+                continue
+            # Raised into the task's state, not its thread, which may never return; the
+            # error's transition then closes the worker, as for a lost context.
+            from distributed.worker_state_machine import ExecuteFailureEvent
+
+            worker.handle_stimulus(ExecuteFailureEvent.from_exception(
+                LaunchTimeoutError(timeout_message(key, limit, kernel)), key=key,
+                run_id=task.run_id, start=task.start_time, stop=time.time(),
+                stimulus_id=f"daskgpu-launch-timeout-{time.time()}"))
+        for key in watch.stuck():
+            if not _still_running(worker.state.tasks.get(key)):
+                watch.ended(key)  # its thread returned within the grace after all
+        stuck = watch.stuck()
+        if stuck and not self.closing:
+            self.closing = True
+            logger.error("daskgpu: cancelled launch task(s) %s still run %.3g s after being "
+                         "cancelled (daskgpu.cancel-grace); closing worker %s so its nanny "
+                         "starts a fresh process and the GPU is free", stuck, watch.grace,
+                         worker.address)
+            worker.loop.call_later(0, close_worker, worker, True)
+
+
+def lost_context(task) -> bool:
+    """Whether the worker's failed task state ``task`` failed with a ContextLostError.
+
+    Distributed keeps a failed task's exception pickled (``task.exception``)
+    and its ``repr`` (``task.exception_text``). The exception is read back,
+    with the ones it was raised from; one that could not be pickled travels as
+    ``Exception(repr(exc))``, so the repr's class name counts too.
+    """
+    exc = getattr(task.exception, "data", task.exception)
+    if isinstance(exc, bytes | bytearray):
+        try:
+            exc = pickle.loads(exc)
+        except Exception:
+            exc = None
+    seen = set()
+    while isinstance(exc, BaseException) and id(exc) not in seen:
+        if isinstance(exc, ContextLostError):
+            return True
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return (task.exception_text or "").startswith(f"{ContextLostError.__name__}(")
+
+
+def close_worker(worker, hung: bool = False):
+    """End the worker so that its nanny starts a fresh process.
+
+    ``hung``: a kernel is still running. A process that closes normally then
+    waits for it as it exits (the CUDA driver finishes a context's work before it
+    destroys it); one that ends at once has its context torn down by the driver,
+    which frees the GPU. Only a worker with a nanny is ended so: one without
+    shares its process with others (threaded workers, a client's).
+    """
+    if hung and getattr(worker, "nanny", None):
+        logger.error("daskgpu: ending worker process %s at once to free its GPU", worker.address)
+        logging.shutdown()
+        os._exit(1)
+    # nanny=False: the nanny sees its worker process exit and starts a new one.
+    asyncio.ensure_future(
+        worker.close(nanny=False, executor_wait=False, reason="daskgpu: CUDA context lost")
+    )
+
+
+def _still_running(task) -> bool:
+    """Whether a worker's task was cancelled while its thread runs on."""
+    return (getattr(task, "state", None) == "cancelled"
+            and getattr(task, "previous", None) == "executing")

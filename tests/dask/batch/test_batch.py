@@ -216,7 +216,8 @@ def test_bad_jobs_are_refused_before_anything_runs(client, saxpy_job, tmp_path):
     with pytest.raises(BatchError, match=r"has shape \(10,\), but .* has \(400,\)"):
         run_batch(saxpy, [saxpy_job["inputs"][0], str(tmp_path / "short.npy")],
                   saxpy_job["outputs"], scalars=[2.0], client=client, progress=False)
-    with pytest.raises(BatchError, match=r"calls it as \(out, in, in\) = .*--order"):
+    with pytest.raises(BatchError, match=r"takes 4 parameters, .* calls it as \(out, in, in\) "
+                                         r"= .*0 scalar\(s\)"):
         run_batch(saxpy, saxpy_job["inputs"], saxpy_job["outputs"], client=client,
                   progress=False)
     with pytest.raises(BatchError, match="no input at"):
@@ -325,3 +326,60 @@ def test_run_batch_takes_a_bundle_path_and_says_a_simulator_cannot_run_it(client
     with pytest.raises(BatchError, match="kernel 'saxpy' is PTX only"):
         run_batch(bundle, saxpy_job["inputs"], [(str(tmp_path / "z.zarr"), np.float32)],
                   scalars=saxpy_job["scalars"], client=client, progress=False)
+
+
+@pytest.mark.parametrize("not_a_kernel", [42, None, len, int], ids=["int", "None", "len", "class"])
+def test_what_is_no_kernel_is_refused_naming_what_run_batch_takes(not_a_kernel, tmp_path):
+    message = (r"run_batch takes a kernel: one made by dg.jit or dg.kernel or loaded by "
+               r"dg.load, .* or the path of a .dgk bundle; got " + re.escape(repr(not_a_kernel))
+               + rf" \(of type {type(not_a_kernel).__name__}\)$")
+    with pytest.raises(BatchError, match=message):
+        run_batch(not_a_kernel, [str(tmp_path / "x.zarr")], [str(tmp_path / "z.zarr")],
+                  progress=False)
+    assert not os.path.exists(tmp_path / "z.zarr")
+
+
+def does_not_compile(out, a, x, y):
+    i = cuda.grid(1)
+    if i < out.size:
+        out[i] = a * x[i] + not_defined_anywhere  # noqa: F821
+
+
+def adds_a_string(out, a, x, y):
+    i = cuda.grid(1)
+    if i < out.size:
+        out[i] = a * x[i] + y[i] + "s"
+
+
+def adds_a_string_to_arrays(out, x, y):
+    i = cuda.grid(1)
+    if i < out.size:
+        out[i] = x[i] + y[i] + "s"
+
+
+def test_a_kernel_that_does_not_compile_is_refused_with_the_compilers_reason(saxpy_job):
+    with pytest.raises(BatchError) as err:
+        run_batch(does_not_compile, saxpy_job["inputs"], saxpy_job["outputs"],
+                  scalars=saxpy_job["scalars"],
+                  simulate=True, progress=False)
+    message = str(err.value)
+    assert message.startswith(
+        "kernel 'does_not_compile' does not compile, whatever its arguments: NameError: name "
+        "'not_defined_anywhere' is not defined; fix the kernel (this batch calls it as "
+        "(out, scalar, in, in)"), message
+    assert "--order" not in message  # no order of the arguments helps
+
+
+def test_a_kernel_that_fails_typing_gets_the_reason_and_order_advice_where_it_helps(saxpy_job):
+    with pytest.raises(BatchError) as err:
+        run_batch(adds_a_string, saxpy_job["inputs"], saxpy_job["outputs"],
+                  scalars=saxpy_job["scalars"], simulate=True, progress=False)
+    message = str(err.value)
+    assert "compiling it for them failed: No implementation of function" in message, message
+    assert "give it with --order" in message  # a scalar and arrays: another order may fit
+    with pytest.raises(BatchError) as err:
+        run_batch(adds_a_string_to_arrays, saxpy_job["inputs"], saxpy_job["outputs"],
+                  simulate=True, progress=False)
+    message = str(err.value)
+    assert "compiling it for them failed: No implementation of function" in message, message
+    assert "--order" not in message  # three float32 arrays: every order is the same call

@@ -100,3 +100,48 @@ def test_cli_connects_to_a_tls_scheduler_with_tls_files(tmp_path, capsys):
         assert main([*argv, "--scheduler", address, *tls]) == 0, capsys.readouterr().err
     assert "4/4 chunks written" in capsys.readouterr().out
     np.testing.assert_array_equal(zarr.open_array(str(out), mode="r")[:], 3 * x)
+
+
+def _tls_files(tmp_path):
+    """A site's credential files: CA, certificate and key, and a key of another certificate."""
+    ours, theirs = Security.temporary(), Security.temporary()
+    files = {}
+    for name, pem in (("ca.pem", ours.tls_ca_file), ("cert.pem", ours.tls_client_cert),
+                      ("key.pem", ours.tls_client_key), ("other-key.pem", theirs.tls_client_key),
+                      ("garbage.pem", "not a certificate\n")):
+        files[name] = tmp_path / name
+        files[name].write_text(pem)
+    files["missing.pem"] = tmp_path / "missing.pem"
+    files["a-directory"] = tmp_path / "a-directory"
+    files["a-directory"].mkdir()
+    return files
+
+
+@pytest.mark.parametrize(("ca", "cert", "key", "expected"), [
+    ("missing.pem", "cert.pem", "key.pem",
+     "--tls-ca-file '{missing.pem}': cannot read it (No such file or directory); give a "
+     "readable PEM file holding the scheduler's CA certificate(s)"),
+    ("ca.pem", "a-directory", "key.pem",
+     "--tls-cert '{a-directory}': cannot read it (Is a directory); give a readable PEM file "
+     "holding this client's certificate"),
+    ("ca.pem", "cert.pem", "other-key.pem",
+     "--tls-key '{other-key.pem}' is not the key of --tls-cert '{cert.pem}': give the private "
+     "key that belongs to that certificate"),
+    ("ca.pem", "garbage.pem", "key.pem",
+     "--tls-cert '{garbage.pem}': it holds no PEM certificate (NO_CERTIFICATE_OR_CRL_FOUND); "
+     "give a readable PEM file holding this client's certificate"),
+    ("ca.pem", "cert.pem", "garbage.pem",
+     "--tls-key '{garbage.pem}': it holds no PEM private key; give a readable PEM file "
+     "holding this client's private key"),
+])
+def test_tls_files_that_cannot_serve_are_refused_naming_flag_and_file(
+        tmp_path, capsys, ca, cert, key, expected):
+    files = _tls_files(tmp_path)
+    argv = ["k.py:saxpy", "--input", "x.zarr", "--output", "z.zarr:float32",
+            "--scheduler", "tls://127.0.0.1:1", "--tls-ca-file", str(files[ca]),
+            "--tls-cert", str(files[cert]), "--tls-key", str(files[key])]
+    assert main(argv) == 2  # the files cannot be used as given: a usage error
+    message = expected
+    for name, path in files.items():
+        message = message.replace(f"{{{name}}}", str(path))
+    assert capsys.readouterr().err == f"daskgpu batch: error: {message}\n"

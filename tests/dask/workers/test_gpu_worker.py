@@ -98,6 +98,17 @@ def test_a_gpu_resource_other_than_one_is_refused_both_ways(capsys):
     assert opts["resources"] == {"MEM": 4, "GPU": 1}
 
 
+
+@pytest.mark.parametrize("offer", ["inf", "nan"])
+def test_a_gpu_memory_offer_that_is_no_number_of_bytes_is_refused_both_ways(capsys, offer):
+    # Taken, such an offer made every map on the cluster fail as its facts were read.
+    with pytest.raises(ValueError, match=f"resources GPU-memory={offer}: the device memory"):
+        dg.LocalGPUCluster(simulate=True, resources={"GPU-memory": float(offer)})
+    with dask.config.set({"daskgpu.simulate": True}):
+        assert main(["worker", "tcp://s:8786", "--resources", f"GPU-memory={offer}"]) == 2
+    assert (f"cannot read resource 'GPU-memory={offer}': an amount is a finite number, 0 or "
+            "more" in capsys.readouterr().err)
+
 def test_device_forms_are_checked_both_ways(capsys):
     # `daskgpu worker --devices` took any string; LocalGPUCluster checked the forms.
     with pytest.raises(ValueError, match="'gpu1' is not a device"):

@@ -96,7 +96,8 @@ class _PicklableLost(ContextLostError):
 
 @pytest.mark.parametrize("picklable", [True, False], ids=["pickled", "as-text"])
 def test_a_task_failing_with_a_lost_context_closes_the_worker_once(picklable):
-    from daskgpu._dask.workers.plugin import _GRACE, _close
+    from daskgpu._dask.workers.plugin import GRACE as _GRACE
+    from daskgpu._dask.workers.plugin import close_worker as _close
 
     plugin, worker = _set_up_on({"a": _Task(_lost(picklable)), "b": _Task(_lost(picklable))})
     plugin.transition("a", "executing", "memory")  # not an error: nothing

@@ -4,12 +4,12 @@ A kind recognises its arguments (``claims``) and refuses those it cannot
 take, in one line that names the fix (``of``), when the graph is built. It
 gives the example values a kernel image is selected or compiled for
 (``examples``), and plans the kernel parameters of
-:mod:`daskgpu._dask.chunk_params` that its argument becomes (``plan``).
+:mod:`daskgpu._dask.map_kernel.chunk_params` that its argument becomes (``plan``).
 :func:`classify` asks :data:`KINDS` in order, and
-:mod:`daskgpu._dask.launch_plan` asks the kinds it got.
+:mod:`daskgpu._dask.map_kernel.selection` asks the kinds it got.
 
 A new kind of argument is one class here, listed in :data:`KINDS`, plus a
-parameter type in :mod:`~daskgpu._dask.chunk_params` when none there does
+parameter type in :mod:`~daskgpu._dask.map_kernel.chunk_params` when none there does
 what its tasks need; a kind that leaves out ``claims``, ``examples`` or
 ``plan`` is refused when this module is imported.
 """
@@ -22,8 +22,8 @@ from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
 
-from daskgpu._dask.arguments import Out, offset
-from daskgpu._dask.chunk_params import (
+from daskgpu._dask.map_kernel.arguments import Out, offset
+from daskgpu._dask.map_kernel.chunk_params import (
     ChunkParam,
     FlatChunkParam,
     FlatOutParam,

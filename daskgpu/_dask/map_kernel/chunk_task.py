@@ -1,16 +1,16 @@
 """What one :func:`~daskgpu.map_kernel` task runs on a worker: a launch per chunk.
 
 A :class:`ChunkLaunch` holds the PTX-only kernel plus one small parameter
-object per kernel parameter (:mod:`daskgpu._dask.chunk_params`), so a worker
+object per kernel parameter (:mod:`daskgpu._dask.map_kernel.chunk_params`), so a worker
 needs no compiler and no Python function. Each task runs :func:`run_chunk` on
 it, its chunks and values, and its last argument says where its chunk lies
 (block id, shape, start), so a task carries nothing about the other chunks.
 In a graph of many chunks it is a key of its own, and the kernel's PTX
 travels to each worker once; a small graph carries it in each task, sparing
-the scheduler a round trip (:func:`~daskgpu._dask.mapping._launches`).
+the scheduler a round trip (:func:`~daskgpu._dask.map_kernel.api._launches`).
 :class:`Fused` runs two chained launches in one task, the intermediate staying
 on the GPU. The graph around them is built in
-:mod:`daskgpu._dask.mapping`.
+:mod:`daskgpu._dask.map_kernel.api`.
 """
 
 from __future__ import annotations
@@ -21,8 +21,9 @@ from typing import NamedTuple
 import numpy as np
 
 from daskgpu._bounded import BoundedCache
-from daskgpu._dask.chunk_params import ChunkContext, ChunkParam, array_module, is_cupy
+from daskgpu._dask.map_kernel.chunk_params import ChunkContext, ChunkParam, array_module, is_cupy
 from daskgpu._runtime import backends, faults
+from daskgpu._runtime.launch_task import LaunchTask
 
 __all__ = ["ChunkLaunch", "ChunkMemory", "Fused", "launches", "run_chunk"]
 
@@ -64,27 +65,28 @@ class ChunkMemory(NamedTuple):
 
 def run_chunk(launch, *values):
     """What a ``map_kernel`` task runs: ``launch`` (a ChunkLaunch or Fused, a key of the
-    graph) on the task's values, the chunk's place last."""
+    graph) on the task's values, the chunk's place last.
+
+    The scheduler's placement and the worker's launch watch know a task by this
+    function, and read the :class:`~daskgpu._runtime.launch_task.LaunchTask` it
+    is handed first.
+    """
     return launch(*values)
 
 
-#: Marks a GPU launch for :mod:`daskgpu._dask.placement`, which keeps it on GPU workers.
-run_chunk.daskgpu_launch = True
-
-
-class ChunkLaunch:
+class ChunkLaunch(LaunchTask):
     """Launch a PTX-only kernel on one chunk: a small, picklable callable.
 
     Called with the task's arguments (chunks, whole arrays and values, in the
     order of the parameters that take them), then the chunk's place
-    ``(block id, shape, start)`` from :class:`~daskgpu._dask.chunk_params.ChunkPlaces`.
+    ``(block id, shape, start)`` from :class:`~daskgpu._dask.map_kernel.chunk_params.ChunkPlaces`.
 
     Parameters
     ----------
     kernel : PTXKernel
         Holds exactly the image selected on the client.
     params : tuple
-        One parameter object of :mod:`daskgpu._dask.chunk_params` per kernel
+        One parameter object of :mod:`daskgpu._dask.map_kernel.chunk_params` per kernel
         parameter (``dg.offset`` is one :class:`OffsetParam` per axis).
     returns : tuple of int
         The parameters returned, in order: outputs, then written dask inputs.
@@ -108,8 +110,6 @@ class ChunkLaunch:
 
     __slots__ = ("kernel", "params", "returns", "rank", "tpb", "cupy", "ident", "timeout",
                  "memory")
-    #: A GPU launch, for the placement plugin and the worker's launch watch.
-    daskgpu_launch = True
 
     def __init__(self, kernel, params, returns, rank, tpb, cupy, ident=None, timeout=None,
                  memory=None):
@@ -124,10 +124,14 @@ class ChunkLaunch:
         return ChunkLaunch, (self.kernel, self.params, self.returns, self.rank, self.tpb,
                              self.cupy, self.ident, self.timeout, tuple(self.memory))
 
+    def device_bytes(self, block=None, argument_bytes=0) -> int:
+        """The device memory a chunk's launch needs for a block of shape ``block`` (the
+        map's largest without one), in bytes; its arguments are counted already."""
+        return self.memory.most if block is None else self.memory.for_block(block)
+
     @property
-    def device_bytes(self) -> int:
-        """The device memory the map's largest chunk needs, in bytes."""
-        return self.memory.most
+    def kernel_name(self) -> str:
+        return self.kernel.__name__
 
     def __repr__(self):
         return f"<map_kernel chunk launch of {self.kernel.__name__}>"
@@ -183,7 +187,7 @@ class ChunkLaunch:
 launches = BoundedCache(256, "map_kernel launches")
 
 
-class Fused:
+class Fused(LaunchTask):
     """Two launches over the same chunks in one task: ``second`` reads ``first``'s output.
 
     ``first`` takes ``count`` of the task's values from position ``slot`` on;
@@ -194,7 +198,6 @@ class Fused:
     """
 
     __slots__ = ("first", "second", "slot", "count")
-    daskgpu_launch = True
 
     def __init__(self, first, second, slot: int, count: int):
         self.first, self.second, self.slot, self.count = first, second, slot, count
@@ -217,9 +220,12 @@ class Fused:
     def memory(self) -> ChunkMemory:  # both launches' arrays, the intermediate among them
         return self.first.memory + self.second.memory
 
+    def device_bytes(self, block=None, argument_bytes=0) -> int:
+        return self.memory.most if block is None else self.memory.for_block(block)
+
     @property
-    def device_bytes(self) -> int:
-        return self.memory.most
+    def kernel_name(self) -> str:
+        return self.__name__
 
     @property
     def timeout(self):  # the task runs both launches: the longer limit, if both have one

@@ -1,6 +1,6 @@
 """The parameters of a :func:`~daskgpu.map_kernel` launch, one small type per kind.
 
-Each kernel parameter of a :class:`~daskgpu._dask.chunk_task.ChunkLaunch` is
+Each kernel parameter of a :class:`~daskgpu._dask.map_kernel.chunk_task.ChunkLaunch` is
 one of these frozen types, plain data that pickles in a few bytes:
 
 =====================  ===========================================================
@@ -103,7 +103,7 @@ class ChunkContext(NamedTuple):
     backend : GPUBackend or SimulatorBackend
         Where the launch runs (:mod:`daskgpu._runtime.backends`).
     chain : DeviceChain or None
-        The device chain of a fused task (:class:`~daskgpu._dask.chunk_task.Fused`).
+        The device chain of a fused task (:class:`~daskgpu._dask.map_kernel.chunk_task.Fused`).
     keep : bool
         Within a chain, keep the outputs on the device: they are intermediates.
     """

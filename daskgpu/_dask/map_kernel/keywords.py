@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from daskgpu._dask.arg_kinds import check_array
-from daskgpu._dask.arguments import Out, known_dtype
-from daskgpu._dask.chunk_params import PerChunkParam, is_cupy
+from daskgpu._dask.map_kernel.arg_kinds import check_array
+from daskgpu._dask.map_kernel.arguments import Out, known_dtype
+from daskgpu._dask.map_kernel.chunk_params import is_cupy
 
 __all__ = ["check_axis_changes", "check_chunks", "check_dtype", "check_meta", "output_dtype",
            "resolve_outs"]
@@ -121,13 +121,15 @@ def check_dtype(kernel_name, returns, dtype):
         )
 
 
-def check_chunks(chunks, results, plan, returns):
-    """Check ``map_kernel``'s ``chunks=`` against the aligned results' chunks."""
+def check_chunks(chunks, results, returns):
+    """Check ``map_kernel``'s ``chunks=`` against the aligned results' chunks.
+
+    ``results`` are the map's arrays and ``returns`` the plan's
+    :class:`~daskgpu._dask.map_kernel.plan.Returned`, one each.
+    """
     from dask.array.core import normalize_chunks
 
-    many = isinstance(results, tuple)
-    aligned = [res for res, r in zip(results if many else (results,), returns)
-               if not isinstance(plan[r.index].param, PerChunkParam)]
+    aligned = [res for res, r in zip(results, returns) if r.per_chunk is None]
     if not aligned:
         raise ValueError(
             "map_kernel got chunks=, but returns only per-chunk outputs, whose shape per "

@@ -4,7 +4,7 @@
 with the chunks, or one per launch and optionally combined across chunks);
 :data:`offset` for the chunk's global start index. What each argument is,
 and the kernel parameters it becomes, is its kind's
-(:mod:`daskgpu._dask.arg_kinds`); :mod:`daskgpu._dask.map_keywords` checks
+(:mod:`daskgpu._dask.map_kernel.arg_kinds`); :mod:`daskgpu._dask.map_kernel.keywords` checks
 the ``map_blocks`` keywords that complete or constrain the outputs.
 """
 
@@ -15,8 +15,8 @@ from numbers import Integral
 
 import numpy as np
 
-from daskgpu._dask import reduction
-from daskgpu._dask.chunk_params import array_module, is_cupy, native_fix
+from daskgpu._dask.map_kernel import reduction
+from daskgpu._dask.map_kernel.chunk_params import array_module, is_cupy, native_fix
 
 __all__ = ["Out", "mapped_rank", "offset"]
 

@@ -1,0 +1,193 @@
+"""``map_kernel``'s tasks on Dask's array expressions (``array.query-planning`` on).
+
+Written the way Dask's own array functions are there: a map is a
+:class:`MapKernel` expression, a ``Blockwise`` whose operands are its input
+arrays' expressions, so Dask's optimizer sees through it (slicing and
+rechunking before a map stay lazy expressions; nothing is turned back into a
+HighLevelGraph) and lowers it to one task per block. The launch the tasks
+read is a :class:`LaunchKey` expression, one key of the graph, so a large
+map's PTX travels once to each worker as on the HighLevelGraph layer.
+
+Dask's expressions carry no annotations to the scheduler, so placement on
+GPU workers rests on the scheduler plugin
+(:class:`~daskgpu._dask.placement.GPUPlacement`), which reads each task as it
+arrives, as it does on the other layer.
+
+Imported only where query planning is on (:func:`.api.graph_layer`): it
+imports Dask's expression modules.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import numpy as np
+from dask._expr import Expr
+from dask._task_spec import DataNode
+from dask.array._array_expr._blockwise import Blockwise
+from dask.array._array_expr._expr import ArrayExpr
+from dask.tokenize import _tokenize_deterministic
+
+from daskgpu._dask.map_kernel.arguments import Out
+from daskgpu._dask.map_kernel.chunk_task import run_chunk
+from daskgpu._dask.map_kernel.graph_hlg import embeds, unified
+
+__all__ = ["ExprLayer", "LaunchKey", "MapKernel", "Placeholder"]
+
+
+class LaunchKey(Expr):
+    """The launch a map's tasks read, as one key of the graph, ``<name>-launch``."""
+
+    _parameters = ["launch", "key"]
+
+    @functools.cached_property
+    def _name(self):
+        return self.operand("key")
+
+    def _layer(self) -> dict:
+        key = self.operand("key")
+        return {key: DataNode(key, self.operand("launch"))}
+
+    def __dask_tokenize__(self):
+        return "daskgpu-launch-key", self.operand("key")
+
+
+class MapKernel(Blockwise):
+    """One ``map_kernel`` launch per block: :func:`run_chunk` on the launch (inline, or a
+    reference to its :class:`LaunchKey` operand), the blocks and their places."""
+
+    _parameters = ["launch_key", "out_ind", "name", "token", "map_id", "_meta_provided",
+                   "new_axes", "adjust_chunks"]
+    _defaults = {"launch_key": None, "name": None, "new_axes": None, "adjust_chunks": None}
+    func = staticmethod(run_chunk)
+    align_arrays = False
+    concatenate = True
+    kwargs: dict = {}
+
+    @functools.cached_property
+    def dtype(self):
+        return self._meta.dtype
+
+    @functools.cached_property
+    def new_axes(self):
+        return self.operand("new_axes") or {}
+
+    def __dask_tokenize__(self):
+        # The map (its plan's name: image, arguments, keywords) on its inputs as they
+        # are now, so the name changes as the optimizer rewrites the inputs: Dask's
+        # passes stop when the root's name stays the same.
+        return _tokenize_deterministic(
+            self.operand("map_id"), [op._name for op in self.operands if isinstance(op, Expr)])
+
+
+class Placeholder(ArrayExpr):
+    """An array of a :class:`Out`'s shape and chunks that is only aligned, never run."""
+
+    _parameters = ["chunks", "_meta_provided"]
+
+    @functools.cached_property
+    def _meta(self):
+        return self.operand("_meta_provided")
+
+    def _layer(self) -> dict:
+        return {}
+
+
+class ExprLayer:
+    """Building blocks of a map on array expressions (see :mod:`.graph_hlg`'s ``HLGLayer``)."""
+
+    name = "expr"
+
+    @staticmethod
+    def align(arrays, ndim):
+        from dask.array._array_expr._collection import new_collection
+        from dask.array._array_expr._expr import unify_chunks_expr
+
+        def unify(*pairs, warn=False):
+            exprs = [p.expr if i is not None else p for p, i in zip(pairs[::2], pairs[1::2])]
+            chunkss, arrays, _ = unify_chunks_expr(
+                *(x for e, i in zip(exprs, pairs[1::2]) for x in (e, i)))
+            return chunkss, [new_collection(a) for a in arrays]
+
+        dask_arrays = [
+            new_collection(Placeholder(a.chunks, np.empty((0,) * len(a.shape), np.bool_)))
+            if isinstance(a, Out) else a for a in arrays]
+        return unified(unify, dask_arrays, arrays, ndim)
+
+    @staticmethod
+    def overlap(arrays, depth, boundary):
+        from dask.array._array_expr._overlap import overlap
+
+        return [overlap(a, depth=depth, boundary=boundary, allow_rechunk=False)
+                for a in arrays]
+
+    @staticmethod
+    def trim(result, depth, boundary):
+        from dask.array._array_expr._overlap import trim_internal
+
+        return trim_internal(result, depth, boundary)
+
+    @staticmethod
+    def coerce_halo(ndim, depth, boundary):
+        from dask.array._array_expr._overlap import coerce_boundary, coerce_depth
+
+        return coerce_depth(ndim, depth), coerce_boundary(ndim, boundary)
+
+    @staticmethod
+    def launches(fn, task_args, places, name, meta, per_chunk=None, token=None):
+        """The :class:`MapKernel` expression of the launches (see ``HLGLayer.launches``).
+
+        With ``token`` (no ``name=`` given), the map's name is ``token`` and a
+        hash of the map on its inputs, which changes as Dask's optimizer
+        rewrites them. A ``name=`` is the output's key name whatever the
+        inputs become; Dask's passes stop when the root's name stays the same,
+        so the inputs of a named map are optimized here, once.
+        """
+        import dask.array as da
+        from dask._task_spec import TaskRef
+        from dask.array._array_expr._collection import new_collection
+
+        ndim = len(places.chunks)
+        mapped = tuple(range(ndim))[::-1]
+        if embeds(fn, math.prod(len(c) for c in places.chunks)):
+            key, pairs = None, [fn, None]
+        else:
+            key = LaunchKey(fn, f"{name}-launch")
+            pairs = [TaskRef(f"{name}-launch"), None]
+        for a in task_args:
+            if isinstance(a, da.Array):
+                expr = a.expr if token else a.expr.simplify().lower_completely()
+                pairs += [expr, tuple(range(a.ndim))[::-1]]
+            else:
+                pairs += [a, None]
+        new = tuple(range(ndim, ndim + len(per_chunk or ())))
+        expr = MapKernel(key, mapped + new, None if token else name, token, name, meta,
+                         dict(zip(new, per_chunk or ())),
+                         None if per_chunk is None else dict.fromkeys(mapped, 1),
+                         *pairs, places, mapped)
+        return new_collection(expr)
+
+    @staticmethod
+    def select(launched, i, name, meta, per_chunk=None):
+        """Result ``i`` of each launch of a map that returns several, named ``name``:
+        aligned with the blocks, or one block of ``per_chunk`` per launch."""
+        import operator
+
+        from dask.array import blockwise
+
+        ndim = launched.ndim
+        mapped = tuple(range(ndim))[::-1]
+        new = tuple(range(ndim, ndim + len(per_chunk or ())))
+        return blockwise(
+            operator.getitem, mapped + new, launched, mapped, i, None, name=name, meta=meta,
+            new_axes=dict(zip(new, per_chunk or ())),
+            adjust_chunks=None if per_chunk is None else dict.fromkeys(mapped, 1),
+            align_arrays=False, concatenate=True)
+
+    @staticmethod
+    def combine(partials, ndim, fold, split_every, name, axis):
+        from daskgpu._dask.map_kernel import reduction
+
+        return reduction.combine_partials(partials, ndim, fold, split_every, name=name,
+                                          axis=axis)
