@@ -228,6 +228,7 @@ SETTINGS = {
     "pipeline-min-bytes": _bytes(0),
     "device-pool-bytes": _bytes(0),
     "fuse-chains": _bool,
+    "launch-bytes": _bytes(0),
     "bundle-key": _bundle_key,
     "launch-timeout": _seconds(optional=True),
     "device-memory": _optional_bytes(1),
