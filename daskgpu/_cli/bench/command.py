@@ -36,6 +36,7 @@ SECTIONS = {
     "reductions": reductions.bench_reductions,
     "scale": scale.bench_scale,
     "sharing": compute.bench_sharing,
+    "small-chunks": scale.bench_small_chunks,
 }
 
 

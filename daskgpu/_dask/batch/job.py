@@ -306,7 +306,8 @@ def _write_tasks(job):
     arguments = [Out(a, like=job.first) if isinstance(a, np.dtype) else a
                  for a in job.arguments]
     try:
-        results = map_kernel(job.kernel, *arguments)
+        # One launch per stored chunk: a write task and the ledger go by stored chunk.
+        results = map_kernel(job.kernel, *arguments, group=False)
     except (TypeError, CompileError) as exc:
         raise misfit_error(job.kernel, job.order, job.arguments, exc) from None
     results = (results,) if not isinstance(results, tuple) else results
