@@ -375,6 +375,29 @@ def _check_pinned_sizes(slot: int, pool: int) -> None:
             f"pool larger; {_source('pinned-slot-bytes')}")
 
 
+def is_set(key: str) -> bool:
+    """Whether ``daskgpu.<key>`` was given a value rather than left at its packaged default:
+    in a dask config file, a ``DASK_DASKGPU__*`` variable (as those are now), or with
+    ``dask.config.set`` (there only a value other than the default shows).
+
+    Examples
+    --------
+    >>> import dask.config
+    >>> register()
+    >>> is_set("copy-threads")
+    False
+    >>> with dask.config.set({"daskgpu.copy-threads": 2}):
+    ...     is_set("copy-threads")
+    True
+    """
+    if key in _collected.__wrapped__():  # read afresh: the environment may have changed
+        return True
+    if "dask" in sys.modules:
+        raw = _raw(key)
+        return raw is not _MISSING and raw != defaults()["daskgpu"].get(key, _MISSING)
+    return False
+
+
 def register() -> None:
     """Register the defaults with dask.config (importing dask)."""
     _dask_config()
