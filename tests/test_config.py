@@ -190,3 +190,17 @@ def test_a_setting_given_its_default_value_counts_as_set(monkeypatch, tmp_path):
     monkeypatch.delenv("DASK_DASKGPU__SIMULATE")
     (tmp_path / "daskgpu.yaml").write_text("daskgpu:\n  simulate: false\n")
     assert _config.is_set("simulate")
+
+
+def test_a_memory_margin_at_or_above_the_device_memory_is_refused_naming_both():
+    gib = 2**30
+    with dask.config.set({"daskgpu.device-memory-margin": "80GiB"}):
+        for total in (80 * gib, 40 * gib):
+            with pytest.raises(ConfigError) as caught:
+                _config.memory_margin(total)
+            message = str(caught.value)
+            assert message.startswith(
+                f"daskgpu setting 'device-memory-margin' is {80 * gib} bytes (80.00 GiB), at "
+                f"or above this worker's device memory, {total} bytes ")
+            assert "set daskgpu.device-memory to the bytes the worker offers" in message
+        assert _config.memory_margin(80 * gib + 1) == 80 * gib  # one byte left to share
