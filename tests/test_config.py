@@ -136,6 +136,7 @@ def _probe(tmp_path, env):
     return json.loads(out)
 
 
+@pytest.mark.slow
 def test_values_are_the_same_before_and_after_import_dask(tmp_path):
     (tmp_path / "conf").mkdir()
     (tmp_path / "conf" / "daskgpu.yaml").write_text(
@@ -150,12 +151,14 @@ def test_values_are_the_same_before_and_after_import_dask(tmp_path):
     assert before["simulate"] is False and before["target-cc"] == "8.0"
 
 
+@pytest.mark.slow
 def test_a_bad_environment_value_fails_the_same_way_without_dask(tmp_path):
     (tmp_path / "conf").mkdir()
     before, after = _probe(tmp_path, {"DASK_DASKGPU__PINNED_POOL_BYTES": "-5"})
     assert before == after and "'pinned-pool-bytes' is -5" in before
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("text", ["None", "null", ""])
 def test_a_bundle_key_variable_that_reads_as_none_is_refused_with_or_without_dask(
         tmp_path, text):
@@ -164,12 +167,14 @@ def test_a_bundle_key_variable_that_reads_as_none_is_refused_with_or_without_das
     assert before == after and "'bundle-key'" in before and "or false for no key" in before
 
 
+@pytest.mark.slow
 def test_a_bundle_key_variable_of_false_means_no_key(tmp_path):
     (tmp_path / "conf").mkdir()
     before, after = _probe(tmp_path, {"DASK_DASKGPU__BUNDLE_KEY": "false"})
     assert before == after and before["bundle-key"] is None
 
 
+@pytest.mark.slow
 def test_a_bundle_key_read_as_a_number_says_how_to_quote_it(tmp_path):
     (tmp_path / "conf").mkdir()
     before, after = _probe(tmp_path, {"DASK_DASKGPU__BUNDLE_KEY": "8675309"})

@@ -21,6 +21,7 @@ def _run(args, **kw):
                           timeout=300, **kw)
 
 
+@pytest.mark.slow
 def test_compiling_under_numbas_switch_names_daskgpus_setting():
     code = ("import daskgpu as dg\n"
             "from numba import cuda\n"
@@ -37,6 +38,7 @@ def test_compiling_under_numbas_switch_names_daskgpus_setting():
     assert "unset NUMBA_ENABLE_CUDASIM and set DASK_DASKGPU__SIMULATE=1" in line
 
 
+@pytest.mark.slow
 def test_the_demo_under_numbas_switch_runs_simulated():
     proc = _run([sys.executable, "-m", "daskgpu", "demo", "--size", "1000"])
     assert proc.returncode == 0, proc.stderr

@@ -1,3 +1,5 @@
+"""Fixtures of the Dask layer's tests."""
+
 import dask
 import pytest
 
@@ -20,5 +22,14 @@ def grouped_launches(request):
         return
     from daskgpu import _config
 
-    with dask.config.set({"daskgpu.launch-bytes": _config.defaults()["daskgpu"]["launch-bytes"]}):
+    default = _config.defaults()["daskgpu"]["launch-bytes"]
+    with dask.config.set({"daskgpu.launch-bytes": default}):
+        yield
+
+
+@pytest.fixture
+def simulate():
+    """Simulated launches (``daskgpu.simulate`` on) under Dask's synchronous scheduler: a
+    graph's chunks run in this process, one after another, with no cluster."""
+    with dask.config.set({"daskgpu.simulate": True, "scheduler": "sync"}):
         yield

@@ -78,6 +78,7 @@ def result_after_killing_a_worker(client, future, holding=None, timeout=240):
     return result
 
 
+@pytest.mark.slow
 def test_worker_killed_mid_job_result_is_complete():
     import dask.array as da
     from distributed import Client
@@ -91,6 +92,7 @@ def test_worker_killed_mid_job_result_is_complete():
     np.testing.assert_array_equal(result, 2 * xn)
 
 
+@pytest.mark.slow
 @pytest.mark.gpu
 def test_gpu_worker_killed_mid_job_result_is_complete():
     import dask.array as da
@@ -109,6 +111,7 @@ def test_gpu_worker_killed_mid_job_result_is_complete():
     np.testing.assert_array_equal(result, 2 * np.arange(n, dtype=np.float32))
 
 
+@pytest.mark.slow
 def test_a_task_that_loses_the_cuda_context_fails_and_its_worker_is_replaced():
     # The runtime raises ContextLostError after a sticky CUDA error, and that is
     # all it does; the GPUWorkerPlugin closes the worker and its nanny starts a
@@ -158,6 +161,7 @@ def ones(a):
         a[i] = 1.0
 
 
+@pytest.mark.slow
 @pytest.mark.gpu
 def test_illegal_address_fails_the_task_and_the_worker_is_replaced():
     from distributed import Client

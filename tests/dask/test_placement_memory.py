@@ -119,6 +119,7 @@ def test_a_submitted_launch_asks_for_its_arrays_bytes(client):
     assert client.run_on_scheduler(asked, key=future.key)[GPU_MEMORY] == OFFER
 
 
+@pytest.mark.slow
 def test_without_the_setting_simulated_workers_offer_no_memory():
     # (This module's cluster sets it while it is open.)
     with dask.config.set({"daskgpu.device-memory": None}), \
@@ -130,6 +131,7 @@ def test_without_the_setting_simulated_workers_offer_no_memory():
         np.testing.assert_array_equal(out, 2 * np.arange(1000, dtype=np.float32))
 
 
+@pytest.mark.slow
 @pytest.mark.gpu
 def test_a_gpu_worker_offers_its_device_less_the_margin():
     from daskgpu._runtime import backends
@@ -159,6 +161,7 @@ def slow_double(out, x, ms):
         out[i] = 2 * v
 
 
+@pytest.mark.slow
 @pytest.mark.gpu
 def test_on_a_gpu_large_chunks_run_one_at_a_time_and_small_ones_four_at_a_time():
     # A 1 GiB offer; each large chunk needs 640 MB on the device (320 MB in, 320 MB out).

@@ -20,7 +20,8 @@ import warnings
 import numpy as np
 import psutil
 import pytest
-from batch_helpers import SAXPY_FILE, SAXPY_SIG, saxpy, write_zarr
+from kit.batch import write_zarr
+from kit.kernels import SAXPY_FILE, SAXPY_SIG, saxpy
 
 from daskgpu._cli.batch import main
 from daskgpu._dask.batch import lock as lock_module
@@ -149,6 +150,7 @@ def _worker_processes(me):
     return found
 
 
+@pytest.mark.slow
 def test_ctrl_c_while_the_local_cluster_starts_is_acted_on_once_it_is_up(job):
     proc = _start(job["argv"])
     me = psutil.Process(proc.pid)

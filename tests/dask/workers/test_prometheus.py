@@ -6,20 +6,13 @@ import dask.array as da
 import numpy as np
 import pytest
 from distributed import Client
-from numba import cuda
+from kit.kernels import saxpy
 
 import daskgpu as dg
 from daskgpu._dask.workers.prometheus import KERNELS_LABELLED, OTHER, GPUFigures
 
 prometheus_client = pytest.importorskip("prometheus_client")
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
-
-
-@dg.jit("void(float32[::1], float32, float32[::1], float32[::1])")
-def saxpy(out, a, x, y):
-    i = cuda.grid(1)
-    if i < out.size:
-        out[i] = a * x[i] + y[i]
 
 
 def _scrape(url) -> dict:
@@ -38,6 +31,7 @@ def _worker_metrics_urls(client):
     return client.run(where)
 
 
+@pytest.mark.slow
 def test_a_worker_endpoint_shows_launches_and_gpu_seconds_after_a_map():
     with dg.LocalGPUCluster(simulate=True, dashboard_address=":0") as cluster, \
             Client(cluster, set_as_default=False) as client:
@@ -67,6 +61,7 @@ def test_kernel_names_are_bounded_per_process():
     assert families["daskgpu_launches"].samples[0].name == "daskgpu_launches_total"
 
 
+@pytest.mark.slow
 @pytest.mark.gpu
 def test_a_gpu_worker_endpoint_shows_device_memory_and_copies():
     import dask

@@ -168,6 +168,7 @@ def _store_many(directory, bound, worker, count, one, results):
     results.put((worker, worst, misses))
 
 
+@pytest.mark.slow
 def test_two_processes_storing_at_once_keep_the_bound_and_the_entry_in_use(tmp_path):
     directory = str(tmp_path / "cubins")
     one = _entry_size(tmp_path)
@@ -194,6 +195,7 @@ def test_two_processes_storing_at_once_keep_the_bound_and_the_entry_in_use(tmp_p
 
 # -- on a GPU: what linked() stores stays within daskgpu.cache-bytes -----------------------
 
+@pytest.mark.slow
 @pytest.mark.gpu
 def test_linked_kernels_on_disk_stay_within_the_setting(tmp_path):
     import pickle
