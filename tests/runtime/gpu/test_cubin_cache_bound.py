@@ -262,6 +262,7 @@ def test_a_cache_filled_under_a_larger_bound_comes_within_this_one_on_first_load
     assert disk.load("img8", CC, VERSIONS) is None
 
 
+@pytest.mark.slow
 def test_four_processes_storing_at_once_never_exceed_the_bound(tmp_path):
     directory = str(tmp_path / "cubins")
     one = _entry_size(tmp_path)
