@@ -15,6 +15,7 @@ on the GPU. The graph around them is built in
 
 from __future__ import annotations
 
+import hashlib
 import math
 from typing import NamedTuple
 
@@ -213,7 +214,7 @@ class Fused(LaunchTask):
 
     def __init__(self, first, second, slot: int, count: int):
         self.first, self.second, self.slot, self.count = first, second, slot, count
-        self._graph = None  # (identity, sources, scalars) once worked out; False: never
+        self._graph = None  # its _GraphForm once worked out; False: no graph holds it
 
     def __reduce__(self):
         return Fused, (self.first, self.second, self.slot, self.count)
@@ -301,12 +302,9 @@ class Fused(LaunchTask):
         return taking(self.first) + taking(self.second) - 1
 
     def _graph_form(self):
-        """``(identity, sources, scalars)`` of a chain a graph can hold, else False.
+        """The :class:`_GraphForm` of a chain a graph can hold, else False.
 
-        ``identity``: each launch's image, parameters, results, rank and block
-        size, and where its values come from; ``sources``: the position of the
-        value of each chunk input, in the order the launches copy them to the
-        device; ``scalars``: the positions of the values passed as numbers. A graph
+        Worked out once per object. A graph
         holds only chunks, aligned outputs and numbers fixed: no chunk's offset, random
         states, per-chunk outputs, whole arrays or written inputs (which differ per
         chunk or come back from the host), and no kernel compiled for debugging or
@@ -332,7 +330,9 @@ class Fused(LaunchTask):
                     form = False
                 identity.append((launch.ident, launch.params, launch.returns, launch.rank,
                                  launch.tpb, where))
-            self._graph = (tuple(identity), tuple(sources), tuple(scalars)) if form else False
+            digest = hashlib.blake2b(repr(identity).encode(), digest_size=16).hexdigest()
+            self._graph = (_GraphForm(digest, len(identity), tuple(sources), tuple(scalars),
+                                      self.memory) if form else False)
         return self._graph
 
     def graph_key(self, values, place):
@@ -346,21 +346,20 @@ class Fused(LaunchTask):
         form = self._graph_form()
         if form is False:
             return None
-        identity, sources, scalars = form
         arrays = []
-        for position in sources:
+        for position in form.sources:
             value = values[position]
             if type(value) is not np.ndarray:
                 return None
             flags = value.flags
             arrays.append((value.shape, value.dtype, flags.c_contiguous, flags.f_contiguous))
         numbers = []
-        for position in scalars:
+        for position in form.scalars:
             value = values[position]
             if not isinstance(value, _NUMBERS):
                 return None
             numbers.append((type(value), repr(value)))
-        return identity, tuple(place[1]), tuple(arrays), tuple(numbers)
+        return form.identity, tuple(place[1]), tuple(arrays), tuple(numbers)
 
     def _replayed(self, graphs, values, place):
         """The task's results replayed from a captured graph of the chain, or None: launch."""
@@ -368,13 +367,42 @@ class Fused(LaunchTask):
             return None
         form, block = self._graph_form(), place[1]
         if (form is False or not math.prod(block)
-                or not graphs.pays(len(form[0]), self.memory.for_block(block))):
+                or not graphs.pays(form.launches, form.memory.for_block(block))):
             return None
         key = self.graph_key(values, place)
         if key is None:
             return None
-        return graphs.run(key, values, form[1],
-                          lambda chain: self.run(values, place, chain, keep=True), self.__name__)
+        with faults.in_chunk(self.__name__, *place):  # a fault of the graph names the chunk
+            return graphs.run(key, values, form.sources,
+                              lambda chain: self.run(values, place, chain, keep=True),
+                              self.__name__)
+
+
+class _GraphForm(NamedTuple):
+    """What a :class:`Fused` chain that a CUDA graph can hold keeps of itself for its keys.
+
+    Attributes
+    ----------
+    identity : str
+        A digest of each launch's image, parameters, results, rank and block size,
+        and where its values come from: hashing those on every task would cost
+        more than a launch.
+    launches : int
+        How many launches the chain runs.
+    sources : tuple of int
+        The position among the task's values of each chunk input, in the order the
+        launches copy them to the device.
+    scalars : tuple of int
+        The positions of the values passed as numbers.
+    memory : ChunkMemory
+        The chain's device memory (its launches', added once).
+    """
+
+    identity: str
+    launches: int
+    sources: tuple
+    scalars: tuple
+    memory: ChunkMemory
 
 
 #: The values a graph holds as numbers (anything else is no scalar it can hold).
