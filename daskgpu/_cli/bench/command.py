@@ -31,6 +31,7 @@ SECTIONS = {
     "host-copies": host.bench_host_copies,
     "map-device": device.bench_map_device,
     "chain": host.bench_chain,
+    "chain-graphs": overhead.bench_chain_graphs,
     "compute": compute.bench_compute,
     "scaling": compute.bench_scaling,
     "reductions": reductions.bench_reductions,
