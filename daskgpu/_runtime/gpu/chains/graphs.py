@@ -250,25 +250,28 @@ def capture_graph(values, sources, launch_chain):
     stream = _device.thread_stream()
     chain = GraphChain(stream, values, sources)
     relaxed = driver.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_RELAXED
-    check(driver.cuStreamBeginCapture(stream, relaxed), "cuStreamBeginCapture")
+    graph = None
     try:
+        check(driver.cuStreamBeginCapture(stream, relaxed), "cuStreamBeginCapture")
         try:
             chain.copy_back(launch_chain(chain))
-        finally:
+        finally:  # the stream captures no more, whatever happened
             err, graph = driver.cuStreamEndCapture(stream)
-        if err != SUCCESS or not int(graph):  # invalidated: a call that capture cannot take
+            if err != SUCCESS or not int(graph):  # a call that capture cannot take
+                graph = None
+        if graph is None:
             raise Refused(f"the capture was invalidated ({err})")
-        try:
-            if len(chain.fills) != len(chain.sources):
-                raise Refused("the chain copied fewer host arrays than it has array values")
-            graph_exec = check(driver.cuGraphInstantiate(graph, 0), "cuGraphInstantiate")
-        finally:
-            driver.cuGraphDestroy(graph)
+        if len(chain.fills) != len(chain.sources):
+            raise Refused("the chain copied fewer host arrays than it has array values")
+        graph_exec = check(driver.cuGraphInstantiate(graph, 0), "cuGraphInstantiate")
     except BaseException as exc:
         chain.free()
         if not isinstance(exc, Exception):
             raise
         return REFUSED
+    finally:
+        if graph is not None:  # the executable graph holds all it needs
+            driver.cuGraphDestroy(graph)
     return ChainGraph(chain, graph_exec, state.context)
 
 
