@@ -189,7 +189,7 @@ def test_the_cache_captures_a_key_the_second_time_and_keeps_at_most_its_bound():
 
 
 def test_the_process_cache_is_bounded():
-    assert graphs.chain_graphs._entries.maxsize == graphs.GRAPHS_KEPT
+    assert graphs.chain_graphs.maxsize == graphs.GRAPHS_KEPT
 
 
 # -- on a GPU --------------------------------------------------------------------------

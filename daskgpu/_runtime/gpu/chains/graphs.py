@@ -345,6 +345,11 @@ class ChainGraphs:
         """What is kept for ``key`` on device ``device_id``: None, SEEN, REFUSED or its graph."""
         return self._entries.lookup((key, device_id))
 
+    @property
+    def maxsize(self) -> int:
+        """The most keys kept."""
+        return self._entries.maxsize
+
     def __len__(self) -> int:
         return len(self._entries)
 
@@ -353,7 +358,7 @@ class ChainGraphs:
         self._entries.clear()
 
     def __repr__(self):
-        return (f"<ChainGraphs: {len(self)}/{self._entries.maxsize} keys, "
+        return (f"<ChainGraphs: {len(self)}/{self.maxsize} keys, "
                 f"{self.captures} captured>")
 
 
