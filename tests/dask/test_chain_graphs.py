@@ -249,12 +249,13 @@ def test_new_host_arrays_each_chunk_give_their_own_results(on_gpu):
 
         chunks = [rng.random((8, 8), dtype=np.float32) for _ in range(6)]
         expected = [apart(c) for c in chunks]
+    before = on_gpu.captures
     for chunk, want in zip(chunks, expected):  # fresh arrays: other host addresses each time
         np.testing.assert_array_equal(fused(chunk.copy(), *SCALARS, place), want)
     # A Fortran-ordered chunk has another key, and its own graph, with the same results.
     for chunk, want in zip(chunks, expected):
         np.testing.assert_array_equal(fused(np.asfortranarray(chunk), *SCALARS, place), want)
-    assert on_gpu.captures == 2
+    assert on_gpu.captures - before == 2
 
 
 @pytest.mark.gpu
@@ -270,6 +271,7 @@ def test_a_broadcast_input_is_refused_and_launched_one_by_one(on_gpu):
     row = np.random.default_rng(6).random(32, dtype=np.float32)
     x, r = da.from_array(xn, chunks=(2, 32)), da.from_array(row, chunks=32)
     z = dg.map_kernel(add, dg.Out(np.float32, like=x), _chain(step, x, SCALARS[:4]), r)
+    before = on_gpu.captures
     got = z.compute()
     np.testing.assert_allclose(got, _expected(xn, SCALARS[:4]) + row, rtol=1e-5)
-    assert on_gpu.captures == 0  # the row is broadcast to each chunk: no graph stages it
+    assert on_gpu.captures == before  # the row is broadcast to each chunk: no graph stages it
