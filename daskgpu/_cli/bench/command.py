@@ -108,7 +108,8 @@ def main(argv=None) -> int:
                 parser.error(f"unknown section {name!r}; choose from {', '.join(SECTIONS)}")
             result = run_section(name, cluster)
             rows += result
-            print(table(result), flush=True)
+            if result:  # a section that cannot run here says why in one line instead
+                print(table(result), flush=True)
         if args.json:
             with open(args.json, "w") as f:
                 json.dump(rows, f, indent=2)
