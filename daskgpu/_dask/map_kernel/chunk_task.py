@@ -302,13 +302,13 @@ class Fused(LaunchTask):
         return taking(self.first) + taking(self.second) - 1
 
     def _graph_form(self):
-        """The :class:`_GraphForm` of a chain a graph can hold, else False.
+        """The :class:`_GraphForm` of a chain a graph can hold, else False; worked out once.
 
-        Worked out once per object. A graph
-        holds only chunks, aligned outputs and numbers fixed: no chunk's offset, random
+        A graph holds chunks, aligned outputs and numbers: no chunk's offset, random
         states, per-chunk outputs, whole arrays or written inputs (which differ per
-        chunk or come back from the host), and no kernel compiled for debugging or
-        cooperative launch (which wait for the device in the middle of a launch).
+        chunk or come back through the host), no kernel compiled for debugging (whose
+        launch waits to read what a thread raised) and no cooperative launch (which
+        the capture does not take).
         """
         if self._graph is None:
             identity, sources, scalars, form = [], [], [], True
