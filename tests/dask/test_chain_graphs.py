@@ -13,6 +13,7 @@ import dask
 import dask.array as da
 import numpy as np
 import pytest
+from dask._task_spec import TaskRef
 from numba import cuda
 
 import daskgpu as dg
@@ -123,6 +124,34 @@ def test_chunks_of_one_shape_share_a_key_and_anything_else_differs(simulate):
     assert key(scalars=SCALARS[:-1] + (0.5,)) != key(scalars=SCALARS[:-1] + (np.float32(0.5),))
     other = _fused(_chain(step, x, SCALARS[:-1]))  # a chain one launch shorter
     assert other.graph_key((xn[:16], *SCALARS[:-1]), place) != base
+
+
+def test_one_array_read_by_several_launches_has_a_key_of_its_own(simulate):
+    @dg.jit
+    def saxpy(out, a, x, y):
+        i = cuda.grid(1)
+        if i < out.size:
+            out[i] = a * x[i] + y[i]
+
+    xn, yn = np.arange(32, dtype=np.float32), np.ones(32, dtype=np.float32)
+    x, y = da.from_array(xn, chunks=16), da.from_array(yn, chunks=16)
+    z = x
+    for a in SCALARS[:3]:
+        z = dg.map_kernel(saxpy, dg.Out(np.float32, like=x), a, z, y)
+    fused = _fused(z)
+    task = dict(z.__dask_graph__())[(z.name, 0)]
+    chunk = {x.name: xn[:16], y.name: yn[:16]}
+    values = tuple(chunk[a.key[0]] if isinstance(a, TaskRef) else a.value
+                   for a in task.args[1:-1])
+    place = task.args[-1].value
+    ys = [i for i, v in enumerate(values) if v is chunk[y.name]]
+    assert len(ys) == 3  # each launch reads the same chunk of y: staged once
+    apart = list(values)
+    apart[ys[1]] = yn[:16].copy()  # equal, but another array: staged apart
+    assert fused.graph_key(values, place) != fused.graph_key(tuple(apart), place)
+    other = yn[16:]  # another chunk read by every launch, as the next task's
+    assert fused.graph_key(values, place) == fused.graph_key(
+        tuple(other if v is chunk[y.name] else v for v in values), place)
 
 
 def test_chains_a_graph_cannot_hold_have_no_key(simulate):

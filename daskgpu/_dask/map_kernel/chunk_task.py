@@ -340,19 +340,21 @@ class Fused(LaunchTask):
         a hashable key; None where no graph can hold the chain or these values.
 
         The chain's launches; the chunk's shape; each chunk input's shape, dtype and
-        layout; and each number, by its type and exact value (``repr``: 0.0 and -0.0
+        layout, and which inputs are one array (read by several launches, staged
+        once); and each number, by its type and exact value (``repr``: 0.0 and -0.0
         differ). Two chunks of one map of equal shapes have equal keys.
         """
         form = self._graph_form()
         if form is False:
             return None
-        arrays = []
+        arrays, first = [], {}
         for position in form.sources:
             value = values[position]
             if type(value) is not np.ndarray:
                 return None
             flags = value.flags
-            arrays.append((value.shape, value.dtype, flags.c_contiguous, flags.f_contiguous))
+            arrays.append((value.shape, value.dtype, flags.c_contiguous, flags.f_contiguous,
+                           first.setdefault(id(value), position)))
         numbers = []
         for position in form.scalars:
             value = values[position]

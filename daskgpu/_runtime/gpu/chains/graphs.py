@@ -88,13 +88,17 @@ class GraphChain:
     sources : tuple of int
         For the ``k``-th call of :meth:`to_device`, the position among ``values``
         of the array it is given, as laid out for its kernel: the value itself, a
-        contiguous copy of it, or a flat one.
+        contiguous copy of it, or a flat one. One array at several positions (a
+        chunk that several launches read) is staged once, as a DeviceChain copies
+        it once: the key of the graph says which positions hold one array.
     """
 
     def __init__(self, stream, values, sources):
         self.stream = stream
         self.handle = int(stream)
         self.values, self.sources = values, tuple(sources)
+        self.calls = 0  # of to_device
+        self._staged = {}  # (id(value), shape, dtype, order) -> its DeviceView
         self.fills = []  # (staging array, position of the task value it is filled from)
         self.outs = []  # staging arrays the results come back into
         self.pinned = []  # the PinnedSlots of both
@@ -118,14 +122,18 @@ class GraphChain:
 
     def to_device(self, host: np.ndarray) -> DeviceView:
         """``host``, an input laid out for its kernel, on the device, staged from its value."""
-        k = len(self.fills)
+        k = self.calls
         if k >= len(self.sources):
             raise Refused("the chain copies more host arrays than it has array values")
+        self.calls += 1
         position = self.sources[k]
         value = self.values[position]
         if not (host.flags.c_contiguous or host.flags.f_contiguous) or host.dtype != value.dtype:
             raise Refused("an input is laid out in a way the staging does not reproduce")
         order = memory_order(host)
+        staged = (id(value), host.shape, host.dtype, order)
+        if staged in self._staged:  # the same array, laid out alike, for another launch
+            return self._staged[staged]
         slot, staging = self._staging(host.shape, host.dtype, order)
         if host.shape == value.shape:  # the value itself, or a contiguous copy
             fill = staging
@@ -142,7 +150,8 @@ class GraphChain:
             check(driver.cuMemcpyHtoDAsync(dptr, slot.ptr, host.nbytes, self.stream),
                   "cuMemcpyHtoDAsync")
         self.fills.append((fill, position))
-        return DeviceView(dptr, host.shape, host.dtype, order)
+        view = self._staged[staged] = DeviceView(dptr, host.shape, host.dtype, order)
+        return view
 
     def zeros(self, shape, dtype, order: str = "C") -> DeviceView:
         """A zero-filled device array, filled anew by every replay."""
@@ -261,7 +270,7 @@ def capture_graph(values, sources, launch_chain):
                 graph = None
         if graph is None:
             raise Refused(f"the capture was invalidated ({err})")
-        if len(chain.fills) != len(chain.sources):
+        if chain.calls != len(chain.sources):
             raise Refused("the chain copied fewer host arrays than it has array values")
         graph_exec = check(driver.cuGraphInstantiate(graph, 0), "cuGraphInstantiate")
     except BaseException as exc:
