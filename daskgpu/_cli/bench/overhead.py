@@ -186,6 +186,7 @@ def chain_tasks(xn, yn, chunk_elements: int, launches: int) -> list:
         z = dg.map_kernel(k.saxpy, dg.Out(np.float32, like=x), np.float32(2.0), z, y)
     graph = dict(z.__dask_graph__())
     arrays = {x.name: xn, y.name: yn}
+    chunks = {}  # one object per key, as a worker holds it: every launch reads y's chunk
 
     def value(arg):
         if isinstance(arg, DataNode):
@@ -194,7 +195,7 @@ def chain_tasks(xn, yn, chunk_elements: int, launches: int) -> list:
             name, *index = arg.key if isinstance(arg.key, tuple) else (arg.key,)
             if name in arrays:  # a chunk of an input
                 start = index[0] * chunk_elements
-                return arrays[name][start:start + chunk_elements]
+                return chunks.setdefault(arg.key, arrays[name][start:start + chunk_elements])
             return value(graph[arg.key])  # the launch, a key of its own in a large graph
         return arg
 
