@@ -123,3 +123,18 @@ def test_an_evicted_graph_frees_its_buffers_once_nothing_holds_it():
     del graph
     gc.collect()
     assert driver.cuMemHostGetFlags(staging)[0] != SUCCESS  # freed
+
+
+def test_a_replay_reports_its_copies_and_its_run_under_the_chains_name(seen):
+    from daskgpu._runtime.gpu.chains.graphs import capture_graph
+
+    n = 512
+    _warm(n)
+    x, y = np.ones(n, np.float32), np.ones(n, np.float32)
+    graph = capture_graph((x, y), (0, 1), _chain(n))  # capture reports each launch's own
+    seen.clear()
+    graph.replay((x, y), "affine+add")
+    times = seen.by_activity("affine+add")
+    assert set(times) == {"copy-in", "kernel", "copy-out"}
+    assert all(seconds >= 0 for seconds in times.values()) and times["kernel"] > 0
+    assert [kernel for kernel, *_ in seen] == ["affine+add"] * 3  # nothing per kernel
