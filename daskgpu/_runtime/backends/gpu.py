@@ -82,7 +82,8 @@ class GPUBackend(Backend):
                 "kernels in Numba's CUDA simulator with the dask.config setting "
                 "daskgpu.simulate=True (LocalGPUCluster(simulate=True) sets it)."
             ) from e
-        if warm:  # the general and the repeat launch paths, and all they use
+        if warm:  # the general and the repeat launch paths, fused chains, and all they use
+            import daskgpu._runtime.gpu.chains.graphs  # noqa: F401
             import daskgpu._runtime.gpu.fast_path  # noqa: F401
         from daskgpu._runtime.gpu.driver import driver_version, nvjitlink_version
 
