@@ -37,6 +37,8 @@ MAX_SIZE = 1 << 50
 MAX_COPY_THREADS = 256
 #: The most linked modules a worker keeps: a bound on nonsense, not on memory.
 MAX_MODULE_CACHE_SIZE = 1_000_000
+#: The largest ``chain-graphs``: a bound on nonsense (no chain is that long).
+MAX_CHAIN_GRAPH_LAUNCHES = 1_000_000
 
 
 # -- parsers: raw value -> checked value; a ValueError's text says what is wanted -----
@@ -229,6 +231,7 @@ SETTINGS = {
     "device-pool-bytes": _bytes(0),
     "fuse-chains": _bool,
     "launch-bytes": _bytes(0),
+    "chain-graphs": _count(0, MAX_CHAIN_GRAPH_LAUNCHES),
     "bundle-key": _bundle_key,
     "launch-timeout": _seconds(optional=True),
     "device-memory": _optional_bytes(1),
