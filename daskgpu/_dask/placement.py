@@ -71,7 +71,7 @@ def memory_offer(total: int | None, simulated: bool) -> int | None:
         return given
     if simulated or not total:
         return None
-    return max(int(total) - _config.get("device-memory-margin"), 0)
+    return int(total) - _config.memory_margin(int(total))
 
 
 #: Deep enough for a blockwise-fused task inside a low-level fused one.
@@ -208,6 +208,10 @@ def _nbytes(node, tasks) -> int:
     return max(int(getattr(node, "nbytes", 0) or 0), 0)
 
 
+def _finite(offer) -> bool:
+    return isinstance(offer, int | float) and 0 <= offer < float("inf")
+
+
 class GPUPlacement(SchedulerPlugin):
     """Restrict every task that launches a kernel to workers offering the ``GPU`` resource.
 
@@ -233,8 +237,10 @@ class GPUPlacement(SchedulerPlugin):
         # A launch never asks for more than the largest worker has: one that needs more
         # (a submitted launch on large arrays; maps are refused when built) runs alone
         # there, rather than wait for a worker that never comes.
-        largest = max((ws.resources.get(GPU_MEMORY, 0) for ws in scheduler.workers.values()),
-                      default=0)
+        # An offer that is no finite number of bytes (a worker started by hand with
+        # GPU-memory=nan) is not one: asking for it would leave tasks waiting for ever.
+        largest = max((offer for ws in scheduler.workers.values()
+                       if _finite(offer := ws.resources.get(GPU_MEMORY, 0))), default=0)
         for key in tasks:
             ts = scheduler.tasks.get(key)
             if ts is None or ts.run_spec is None or not runs_launch(ts.run_spec):

@@ -180,3 +180,11 @@ def test_on_a_gpu_large_chunks_run_one_at_a_time_and_small_ones_four_at_a_time()
         with get_task_stream(client) as ts:
             client.compute(z).result()
         assert _most_at_once(ts.data, "slow_double-") == 4
+
+
+def test_a_margin_at_or_above_the_device_memory_is_refused_not_an_offer_of_nothing():
+    from daskgpu._dask.placement import memory_offer
+
+    with dask.config.set({"daskgpu.device-memory-margin": "2GiB"}):
+        with pytest.raises(dg.ConfigError, match="device-memory-margin"):
+            memory_offer(2**30, simulated=False)
