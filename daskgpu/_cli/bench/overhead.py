@@ -183,7 +183,9 @@ def chain_tasks(xn, yn, chunk_elements: int, launches: int) -> list:
     x, y = da.from_array(xn, chunks=chunk_elements), da.from_array(yn, chunks=chunk_elements)
     z = x
     for _ in range(launches):
-        z = dg.map_kernel(k.saxpy, dg.Out(np.float32, like=x), np.float32(2.0), z, y)
+        # One launch per chunk: what a graph replays is measured on the chunks as given.
+        z = dg.map_kernel(k.saxpy, dg.Out(np.float32, like=x), np.float32(2.0), z, y,
+                          group=False)
     graph = dict(z.__dask_graph__())
     arrays = {x.name: xn, y.name: yn}
     chunks = {}  # one object per key, as a worker holds it: every launch reads y's chunk

@@ -330,8 +330,9 @@ def bench_small_chunks(cluster: BenchCluster, counts=(10_000, 100_000), measured
         def base_once(xn=xn):
             x = da.from_array(xn, chunks=SMALL_CHUNK)
             t0 = time.perf_counter()
-            result = client.compute(da.map_blocks(numba_chunk, x, x, dtype=np.float32,
-                                                  name=unique("small-base"))).result()
+            result = client.compute(da.map_blocks(
+                numba_chunk, x, x, dtype=np.float32, meta=np.empty((0,), np.float32),
+                name=unique("small-base"))).result()
             seconds = time.perf_counter() - t0
             assert np.allclose(result, 3 * xn), "map_blocks over small chunks"
             return seconds
