@@ -19,4 +19,4 @@ def test_on_a_gpu_the_section_measures_both_and_extrapolates_past_what_it_measur
         "map over 40 chunks of 256 float32, per chunk"]
     assert "extrapolated from 20 chunks" in rows[1]["baseline_name"]
     assert rows[1]["baseline"] == pytest.approx(2 * rows[0]["baseline"])
-    assert all(r["ours"] > 0 for r in rows)
+    assert all(r["daskgpu"] > 0 for r in rows)
