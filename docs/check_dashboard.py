@@ -219,9 +219,10 @@ def _above_9(fd: int) -> int:
 def run_kernels(client) -> None:
     """``saxpy`` computed as it is, ``square`` fused into a sum, each one launch a chunk."""
     x = da.arange(4_000, dtype=np.float32, chunks=4_000 // CHUNKS)
-    y = dg.map_kernel(saxpy, dg.Out(np.float32, like=x), np.float32(2), x, x)
+    # One launch a chunk (group=False), so that /metrics counts one per chunk.
+    y = dg.map_kernel(saxpy, dg.Out(np.float32, like=x), np.float32(2), x, x, group=False)
     assert np.array_equal(y.compute(), 3 * np.arange(4_000, dtype=np.float32))
-    total = dg.map_kernel(square, dg.Out(np.float32, like=x), x).sum()
+    total = dg.map_kernel(square, dg.Out(np.float32, like=x), x, group=False).sum()
     assert np.isclose(total.compute(), (np.arange(4_000, dtype=np.float64) ** 2).sum())
 
 

@@ -261,8 +261,9 @@ def run_mix(client, large, small, steps: int, repeat: int = 3) -> MixRuns:
     def run():
         # Both maps in one persist, so that the worker has both kinds to choose from.
         maps = client.persist([
+            # Once per chunk: the section is about chunks of two sizes side by side.
             dg.map_kernel(busy_double, dg.Out(np.float32, like=x), x, np.int32(steps),
-                          name=unique(f"sharing-{kind}"))
+                          name=unique(f"sharing-{kind}"), group=False)
             for kind, x in (("large", large), ("small", small))])
         wait(maps)
         return maps
