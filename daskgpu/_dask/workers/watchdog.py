@@ -88,6 +88,12 @@ class LaunchWatch:
         if key in self._running:
             self._cancelled[key] = time.monotonic() if now is None else now
 
+    def resumed(self, key) -> None:
+        """The cancelled task ``key`` is wanted again while its thread still runs (the same
+        key submitted anew): the same run goes on, under its time limit, no longer
+        cancelled."""
+        self._cancelled.pop(key, None)
+
     def ended(self, key) -> None:
         self._running.pop(key, None)
         self._kernels.pop(key, None)
@@ -178,8 +184,8 @@ class LaunchGuard:
     def transition(self, key, start, finish) -> None:
         """Watch a running launch's time and its cancellation; close the worker after a
         task failed with a lost CUDA context (or over its time limit)."""
-        if finish == "executing" or start == "executing":
-            self._watch_task(key, finish)
+        if "executing" in (start, finish) or start == "cancelled":
+            self._watch_task(key, start, finish)
         if finish != "error" or self.worker is None or self.closing:
             return
         task = self.worker.state.tasks.get(key)
@@ -193,7 +199,7 @@ class LaunchGuard:
         hung = "LaunchTimeoutError" in (task.exception_text or "")
         worker.loop.call_later(GRACE, close_worker, worker, hung)
 
-    def _watch_task(self, key, finish) -> None:
+    def _watch_task(self, key, start, finish) -> None:
         watch, worker = self.watch, self.worker
         if watch is None or worker is None:
             return
@@ -202,6 +208,11 @@ class LaunchGuard:
             launch = launch_of(task.run_spec, worker.data) if task is not None else None
             if launch is not None:
                 watch.started(key, launch.timeout, kernel=launch.kernel_name)
+        elif getattr(task, "state", None) == "executing":
+            # Cancelled, then wanted again before its thread returned (the same key
+            # submitted anew): distributed resumes the running task, seen as "cancelled"
+            # to "waiting". The launch still runs, and is watched as before.
+            watch.resumed(key)
         elif _still_running(task):  # cancelled while it runs (seen as "released")
             watch.cancelled(key)
         else:
@@ -228,7 +239,10 @@ class LaunchGuard:
                 run_id=task.run_id, start=task.start_time, stop=time.time(),
                 stimulus_id=f"daskgpu-launch-timeout-{time.time()}"))
         for key in watch.stuck():
-            if not _still_running(worker.state.tasks.get(key)):
+            task = worker.state.tasks.get(key)
+            if getattr(task, "state", None) == "executing":
+                watch.resumed(key)  # wanted again: its time limit holds as before
+            elif not _still_running(task):
                 watch.ended(key)  # its thread returned within the grace after all
         stuck = watch.stuck()
         if stuck and not self.closing:

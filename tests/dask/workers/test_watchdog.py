@@ -104,6 +104,29 @@ def test_a_cancelled_launch_that_spins_frees_its_worker_after_the_grace(one_work
     assert time.monotonic() - cancelled_at >= 2  # the grace (daskgpu.cancel-grace) first
 
 
+@pytest.mark.slow
+def test_a_launch_cancelled_and_submitted_again_under_its_key_keeps_its_time_limit(one_worker):
+    # As re-running a notebook cell after an interrupt does: the same key, cancelled while
+    # its kernel runs, then submitted again. The worker resumes the running task, and its
+    # time limit still holds.
+    client = one_worker
+    launch = spin.forall(1, timeout=3)
+    future = client.submit(launch, np.zeros(1, np.int64), key="spin-cell")
+    time.sleep(1)
+    assert future.status == "pending"
+    future.cancel()
+    while future.status != "cancelled":
+        time.sleep(0.05)
+    del future
+    while "spin-cell" in client.futures or client.run_on_scheduler(  # all let go of it
+            lambda dask_scheduler: "spin-cell" in dask_scheduler.tasks):
+        time.sleep(0.05)
+    time.sleep(1)  # a person re-runs the cell a moment later: every message has landed
+    again = client.submit(launch, np.zeros(1, np.int64), key="spin-cell")
+    with pytest.raises(dg.LaunchTimeoutError, match="time limit of 3 s"):
+        again.result(timeout=60)
+
+
 def test_launches_that_end_are_left_alone(one_worker):
     x = np.arange(64, dtype=np.float32)
     out = one_worker.submit(double.forall(64, timeout=30), np.zeros_like(x), x).result()
@@ -119,6 +142,8 @@ def test_the_watch_keeps_time_and_the_grace():
     watch.cancelled("a", now=5.0)
     assert watch.overdue(now=11.0) == [("b", 1.0)]  # a cancelled task is not also failed
     assert watch.stuck(now=6.0) == [] and watch.stuck(now=7.5) == ["a"]
+    watch.resumed("a")  # wanted again while it runs: no longer stuck, and timed again
+    assert watch.stuck(now=7.5) == [] and watch.overdue(now=11.0) == [("a", 10.0), ("b", 1.0)]
     watch.ended("a")
     watch.ended("b")
     assert not watch and watch.stuck(now=100.0) == []
