@@ -29,6 +29,7 @@ from distributed.diagnostics.plugin import SchedulerPlugin
 
 from daskgpu._bounded import BoundedCache
 from daskgpu._dask.map_kernel.chunk_task import run_chunk
+from daskgpu._image.random_states import STATE_DTYPE, RandomStates
 from daskgpu._runtime.launch_task import LaunchTask
 
 __all__ = ["GPU", "GPUPlacement", "GPU_MEMORY", "LAUNCH_SHARE", "device_bytes",
@@ -163,19 +164,21 @@ def device_bytes(node, tasks) -> int:
     graph was built (on its ``ChunkLaunch``, read through the map's launch key in
     ``tasks``, the scheduler's tasks, when it is not in the task) and the block
     shape in the task's place. A ``client.submit`` launch asks for its arguments'
-    bytes: arrays in the task, and the futures it reads, by their size on the
-    scheduler. 0 when nothing is known.
+    bytes: arrays in the task, random states, and the futures it reads, by their
+    size on the scheduler (0 while one is not computed yet). 0 when nothing is known.
     """
     return _memory_asks(node, tasks)[0]
 
 
-def _memory_asks(node, tasks) -> tuple[int, int]:
-    """``(bytes for this task's chunks, bytes for its maps' largest chunks)``."""
+def _memory_asks(node, tasks) -> tuple[int, int, bool]:
+    """``(bytes for this task's chunks, bytes for its maps' largest chunks, whether every
+    size is known)``: a submitted launch's future not yet computed has no size yet."""
     def spec(key):
         ts = tasks.get(key)
         return None if ts is None else ts.run_spec
 
     need = most = 0
+    known = True
     for task, launch, lookup in launches_in(node, spec):
         if launch is None:
             continue
@@ -183,10 +186,11 @@ def _memory_asks(node, tasks) -> tuple[int, int]:
             need += launch.device_bytes(_block_shape(task, lookup))
             most += launch.device_bytes()
         else:  # a Launch, submitted with its arguments
-            asked = launch.device_bytes(argument_bytes=sum(
-                _nbytes(a, tasks) for a in task.args))
+            sizes = [_nbytes(a, tasks) for a in task.args]
+            known = known and None not in sizes
+            asked = launch.device_bytes(argument_bytes=sum(n or 0 for n in sizes))
             need, most = need + asked, most + asked
-    return need, most
+    return need, most, known
 
 
 def _block_shape(task, lookup):
@@ -198,13 +202,18 @@ def _block_shape(task, lookup):
     return None
 
 
-def _nbytes(node, tasks) -> int:
-    """An argument's size: an inline array's, or a computed key's on the scheduler."""
+def _nbytes(node, tasks) -> int | None:
+    """An argument's size: an inline array's, random states' (built on the device), or a
+    computed key's on the scheduler; None for a key not computed yet."""
     if isinstance(node, TaskRef | Alias):
         ts = tasks.get(node.key if isinstance(node, TaskRef) else node.target)
-        return 0 if ts is None else max(int(ts.nbytes or 0), 0)
+        if ts is None:
+            return 0
+        return None if ts.nbytes is None or ts.nbytes < 0 else int(ts.nbytes)
     if isinstance(node, DataNode):
         node = node.value
+    if isinstance(node, RandomStates):
+        return int(node.n or 0) * STATE_DTYPE.itemsize
     return max(int(getattr(node, "nbytes", 0) or 0), 0)
 
 
@@ -227,29 +236,64 @@ class GPUPlacement(SchedulerPlugin):
     name = "daskgpu-gpu-placement"
     idempotent = True
 
+    def __init__(self):
+        # Launch tasks that read a future not computed when they were submitted, with the
+        # GPU-memory their annotation asked: they ask for the whole largest offer until
+        # every size is known, then for what they need.
+        self._unsized = {}
+
     def update_graph(self, scheduler, *, tasks, **kwargs) -> None:
         if not scheduler.resources.get(GPU):
             return
-        # A launch never asks for more than the largest worker has: one that needs more
-        # (a submitted launch on large arrays; maps are refused when built) runs alone
-        # there, rather than wait for a worker that never comes.
-        largest = max((ws.resources.get(GPU_MEMORY, 0) for ws in scheduler.workers.values()),
-                      default=0)
         for key in tasks:
             ts = scheduler.tasks.get(key)
             if ts is None or ts.run_spec is None or not runs_launch(ts.run_spec):
                 continue
             restrictions = dict(ts.resource_restrictions or {})
             restrictions[GPU] = max(restrictions.get(GPU, 0), LAUNCH_SHARE)
-            if largest:
-                need, most = _memory_asks(ts.run_spec, scheduler.tasks)
-                need = min(need, largest)
-                asked = restrictions.get(GPU_MEMORY, 0)
-                # The map's own annotation asks for its largest chunk (what holds where
-                # this plugin is not); its task's own chunk replaces that. An ask above
-                # it is the user's, and kept.
-                if need:
-                    restrictions[GPU_MEMORY] = need if asked <= most else max(asked, need)
+            ts.resource_restrictions = restrictions
+            self._ask_memory(scheduler, ts)
+
+    def transition(self, key, start, finish, *args, **kwargs) -> None:
+        """Ask again, by their arguments' sizes, for the memory of the launch tasks that
+        waited on ``key``, now computed; forget a task that is forgotten."""
+        if finish == "forgotten":
+            self._unsized.pop(key, None)
+        if finish != "memory" or not self._unsized:
+            return
+        scheduler = self._scheduler
+        ts = scheduler.tasks.get(key) if scheduler is not None else None
+        for dependent in ts.dependents if ts is not None else ():
+            if dependent.key in self._unsized and dependent.state == "waiting":
+                self._ask_memory(scheduler, dependent)
+
+    async def start(self, scheduler) -> None:
+        self._scheduler = scheduler
+
+    _scheduler = None
+
+    def _ask_memory(self, scheduler, ts) -> None:
+        """Set the ``GPU-memory`` the launch task ``ts`` asks for."""
+        # A launch never asks for more than the largest worker has: one that needs more
+        # (a submitted launch on large arrays; maps are refused when built) runs alone
+        # there, rather than wait for a worker that never comes.
+        largest = max((ws.resources.get(GPU_MEMORY, 0) for ws in scheduler.workers.values()),
+                      default=0)
+        if not largest:
+            return
+        need, most, known = _memory_asks(ts.run_spec, scheduler.tasks)
+        restrictions = dict(ts.resource_restrictions or {})
+        # The annotation's ask, as it was before a first ask of this plugin's replaced it.
+        asked = self._unsized.pop(ts.key, restrictions.get(GPU_MEMORY, 0))
+        if not known:  # runs alone until its futures' sizes are known
+            self._unsized[ts.key] = asked
+            need = largest
+        need = min(need, largest)
+        # The map's own annotation asks for its largest chunk (what holds where this
+        # plugin is not); its task's own chunk replaces that. An ask above it is the
+        # user's, and kept.
+        if need:
+            restrictions[GPU_MEMORY] = need if asked <= most else max(asked, need)
             ts.resource_restrictions = restrictions
 
 
