@@ -26,13 +26,15 @@ import threading
 
 from dask._task_spec import Alias, DataNode, Task, TaskRef
 from distributed.diagnostics.plugin import SchedulerPlugin
+from distributed.scheduler import NoValidWorkerError
 
 from daskgpu._bounded import BoundedCache
 from daskgpu._dask.map_kernel.chunk_task import run_chunk
 from daskgpu._image.random_states import STATE_DTYPE, RandomStates
 from daskgpu._runtime.launch_task import LaunchTask
 
-__all__ = ["GPU", "GPUPlacement", "GPU_MEMORY", "LAUNCH_SHARE", "device_bytes",
+__all__ = ["GPU", "GPUPlacement", "GPU_MEMORY", "LAUNCH_SHARE", "NoGPUWorkerError",
+           "UNPLACED_CALLBACK", "UNPLACED_PERIOD", "device_bytes",
            "ensure_placement", "launches_in", "memory_offer", "runs_launch"]
 
 logger = logging.getLogger("daskgpu")
@@ -269,8 +271,57 @@ class GPUPlacement(SchedulerPlugin):
 
     async def start(self, scheduler) -> None:
         self._scheduler = scheduler
+        callbacks = getattr(scheduler, "periodic_callbacks", None)
+        if isinstance(callbacks, dict) and UNPLACED_CALLBACK not in callbacks:
+            from tornado.ioloop import PeriodicCallback
+
+            callbacks[UNPLACED_CALLBACK] = looking = PeriodicCallback(
+                self.fail_unplaced, UNPLACED_PERIOD * 1000)
+            looking.start()
+
+    async def close(self) -> None:
+        callbacks = getattr(self._scheduler, "periodic_callbacks", None)
+        if isinstance(callbacks, dict) and UNPLACED_CALLBACK in callbacks:
+            callbacks.pop(UNPLACED_CALLBACK).stop()
 
     _scheduler = None
+
+    def fail_unplaced(self, now: float | None = None) -> list:
+        """Fail the launch tasks that no worker could take for ``daskgpu.no-worker-timeout``
+        seconds (waiting in the scheduler's ``no-worker`` state), each naming what it asks
+        and what the workers offer; their keys.
+
+        A task waits there when no worker of the cluster offers what it asks, as when
+        the one worker with enough ``GPU-memory`` has died and no other will take its
+        chunks; distributed would have it wait for ever.
+        """
+        from time import monotonic
+
+        from daskgpu import _config
+
+        scheduler = self._scheduler
+        wait = _config.get("no-worker-timeout")
+        if scheduler is None or wait is None or not scheduler.unrunnable:
+            return []
+        now = monotonic() if now is None else now
+        late = [ts for ts, since in list(scheduler.unrunnable.items())
+                if now - since > wait and GPU in (ts.resource_restrictions or {})]
+        if not late:
+            return []
+        from distributed.protocol import pickle
+
+        offers = {ws.address: dict(ws.resources) for ws in scheduler.workers.values()}
+        stimulus_id = f"daskgpu-no-worker-timeout-{now}"
+        recommendations = {}
+        for ts in late:
+            error = NoGPUWorkerError.of(ts.key, _kernel_name(ts, scheduler.tasks),
+                                        dict(ts.resource_restrictions), offers, wait)
+            recommendations.update(scheduler.transition(
+                ts.key, "erred", exception=pickle.dumps(error), cause=ts.key,
+                stimulus_id=stimulus_id))
+            logger.error("daskgpu: %s", error)
+        scheduler.transitions(recommendations, stimulus_id=stimulus_id)
+        return [ts.key for ts in late]
 
     def _ask_memory(self, scheduler, ts) -> None:
         """Set the ``GPU-memory`` the launch task ``ts`` asks for."""
@@ -295,6 +346,67 @@ class GPUPlacement(SchedulerPlugin):
         if need:
             restrictions[GPU_MEMORY] = need if asked <= most else max(asked, need)
             ts.resource_restrictions = restrictions
+
+
+#: The scheduler's periodic callback that fails launch tasks no worker can take.
+UNPLACED_CALLBACK = "daskgpu-no-worker-timeout"
+
+#: Seconds between two looks at the tasks waiting for a worker.
+UNPLACED_PERIOD = 1.0
+
+
+class NoGPUWorkerError(NoValidWorkerError):
+    """No worker of the cluster offered what a launch task asks (the ``GPU`` resource, the
+    ``GPU-memory`` its chunk needs) for ``daskgpu.no-worker-timeout`` seconds.
+
+    A :class:`distributed.scheduler.NoValidWorkerError`, as distributed's own
+    ``no-workers-timeout`` raises, whose message names the kernel, what the task
+    asks and what each worker offers.
+
+    Examples
+    --------
+    >>> str(NoGPUWorkerError.of(("double-1", 0), "double", {"GPU-memory": 2048},
+    ...                         {"tcp://a:1": {"GPU": 1, "GPU-memory": 1024}}, 60.0))[:58]
+    "kernel 'double' (task ('double-1', 0)) asks for GPU-memory"
+    """
+
+    @classmethod
+    def of(cls, key, kernel, asks, offers, timeout) -> NoGPUWorkerError:
+        from dask.utils import format_bytes
+
+        def said(resources):
+            return ", ".join(f"{name}={format_bytes(int(v)) if name == GPU_MEMORY else f'{v:g}'}"
+                             for name, v in sorted(resources.items())) or "nothing"
+
+        offered = "; ".join(f"{address}: {said(r)}" for address, r in sorted(offers.items()))
+        message = (
+            f"kernel {kernel!r} (task {key!r}) asks for {said(asks)}, and no worker of the "
+            f"cluster offered that for {timeout:g} s (daskgpu.no-worker-timeout): "
+            + (f"the workers offer {offered}" if offers else "there are no workers")
+            + "; start a worker that offers it (a GPU with more memory, or a larger "
+            "daskgpu.device-memory), or use smaller chunks")
+        return cls(key, set(), set(), asks, timeout, message)
+
+    def __init__(self, task, host_restrictions, worker_restrictions, resource_restrictions,
+                 timeout, message=""):
+        Exception.__init__(self, task, host_restrictions, worker_restrictions,
+                           resource_restrictions, timeout, message)
+
+    def __str__(self) -> str:
+        return self.args[5]
+
+
+def _kernel_name(ts, tasks) -> str:
+    """The name of the kernel the scheduler's task ``ts`` launches (its key's, else)."""
+    from dask.utils import key_split
+
+    def spec(key):
+        found = tasks.get(key)
+        return None if found is None else found.run_spec
+
+    launch = next((launch for _, launch, _ in launches_in(ts.run_spec, spec)
+                   if launch is not None), None)
+    return launch.kernel_name if launch is not None else key_split(ts.key)
 
 
 # Schedulers known to run the plugin, by address (client side).

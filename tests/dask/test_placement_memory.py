@@ -1,6 +1,7 @@
 """Launches share a GPU by its memory: each asks what its chunk needs on the device, of
 the GPU-memory its worker offers, so launches running at once never ask for more."""
 
+import re
 import time
 
 import dask
@@ -138,6 +139,11 @@ def _asked(client, keys) -> dict:
     return client.run_on_scheduler(asked)
 
 
+def _slowly(chunk):
+    time.sleep(2)
+    return chunk
+
+
 def _made_late(n):
     time.sleep(1)  # not computed yet when the launches that read it are submitted
     return np.arange(n, dtype=np.float32)
@@ -210,6 +216,37 @@ def test_chained_maps_that_fit_only_apart_are_not_fused(client):
 def _in_graph(result, earlier) -> bool:
     """Whether the tasks of the map ``earlier`` are in ``result``'s graph (not fused)."""
     return any(key[0] == earlier.name for key in dict(result.__dask_graph__()))
+
+
+@pytest.mark.slow
+def test_a_launch_no_worker_can_take_fails_after_the_timeout_naming_what_it_asks():
+    # Two workers, one offering 64 KiB and one 16 KiB: a map of 36 KB chunks can run only
+    # on the first. It leaves; the map's tasks wait for a worker that never comes, and
+    # fail after daskgpu.no-worker-timeout, naming what they ask and what is offered.
+    with dask.config.set({"daskgpu.device-memory": OFFER, "daskgpu.no-worker-timeout": 3}), \
+            dg.LocalGPUCluster(simulate=True, processes=False, devices=[0, 1],
+                               dashboard_address=None) as cluster, Client(cluster) as client:
+        client.wait_for_workers(2, timeout=60)
+        large, small = sorted(client.scheduler_info(n_workers=-1)["workers"])
+
+        async def offer_less(dask_worker):
+            await dask_worker.set_resources(**{GPU_MEMORY: 16 * 1024})
+
+        client.run(offer_less, workers=[small])
+        x = da.arange(4500 * 4, chunks=4500, dtype=np.float32)  # 36 KB a chunk
+        x = x.map_blocks(_slowly, dtype=x.dtype)  # the launches wait: "mid-compute"
+        z = dg.map_kernel(double, dg.Out(np.float32, like=x), x)
+        future = client.compute(z)
+        time.sleep(0.5)
+        client.retire_workers([large], close_workers=True)
+        started = time.monotonic()
+        with pytest.raises(Exception, match=r"^kernel 'double' \(task .*\) asks for "
+                                            r"GPU=0.000976562, GPU-memory=35.16 kiB, and no worker "
+                                            r"of the cluster offered that for 3 s "
+                                            r"\(daskgpu.no-worker-timeout\): the workers offer "
+                                            rf"{re.escape(small)}: GPU=1, GPU-memory=16.00 kiB; start"):
+            future.result(timeout=60)
+        assert time.monotonic() - started < 30
 
 
 def test_without_the_setting_simulated_workers_offer_no_memory():
