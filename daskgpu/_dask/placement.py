@@ -243,6 +243,9 @@ class GPUPlacement(SchedulerPlugin):
         # GPU-memory their annotation asked: they ask for the whole largest offer until
         # every size is known, then for what they need.
         self._unsized = {}
+        # Launch tasks given one more try because another task lost their worker's CUDA
+        # context while they ran, with their own retries.
+        self._retried = {}
 
     def update_graph(self, scheduler, *, tasks, **kwargs) -> None:
         if not scheduler.resources.get(GPU):
@@ -258,9 +261,15 @@ class GPUPlacement(SchedulerPlugin):
 
     def transition(self, key, start, finish, *args, **kwargs) -> None:
         """Ask again, by their arguments' sizes, for the memory of the launch tasks that
-        waited on ``key``, now computed; forget a task that is forgotten."""
+        waited on ``key``, now computed; forget a task that is forgotten; when ``key``
+        lost its worker's CUDA context, have the launches running beside it run again."""
         if finish == "forgotten":
             self._unsized.pop(key, None)
+        if start == "processing" and finish != "processing":
+            if key in self._retried:
+                self._restore_retries(key)
+            if finish == "erred" and _lost_context(kwargs.get("exception_text")):
+                self._retry_beside(key, kwargs.get("worker"))
         if finish != "memory" or not self._unsized:
             return
         scheduler = self._scheduler
@@ -285,6 +294,26 @@ class GPUPlacement(SchedulerPlugin):
             callbacks.pop(UNPLACED_CALLBACK).stop()
 
     _scheduler = None
+
+    def _retry_beside(self, key, address) -> None:
+        """Give each launch task running on the worker at ``address``, beside ``key`` (which
+        lost the worker's CUDA context), one more try: any of them now fails for that
+        task's fault, with the same lost context, and must run again on a fresh worker.
+        (The worker itself takes no new task until its nanny replaces it.)"""
+        scheduler = self._scheduler
+        ws = scheduler.workers.get(address) if scheduler is not None and address else None
+        for ts in list(ws.processing) if ws is not None else ():
+            if ts.key != key and ts.key not in self._retried and ts.run_spec is not None \
+                    and runs_launch(ts.run_spec):
+                self._retried[ts.key] = ts.retries
+                ts.retries += 1
+
+    def _restore_retries(self, key) -> None:
+        """The task ``key`` left the worker whose context was lost: its own retries again."""
+        retries = self._retried.pop(key)
+        ts = self._scheduler.tasks.get(key) if self._scheduler is not None else None
+        if ts is not None:
+            ts.retries = retries
 
     def fail_unplaced(self, now: float | None = None) -> list:
         """Fail the launch tasks that no worker could take for ``daskgpu.no-worker-timeout``
@@ -394,6 +423,14 @@ class NoGPUWorkerError(NoValidWorkerError):
 
     def __str__(self) -> str:
         return self.args[5]
+
+
+def _lost_context(exception_text) -> bool:
+    """Whether a task's error, as the scheduler has its text, is a lost CUDA context."""
+    from daskgpu._errors import ContextLostError, LaunchTimeoutError
+
+    return isinstance(exception_text, str) and exception_text.startswith(
+        (f"{ContextLostError.__name__}(", f"{LaunchTimeoutError.__name__}("))
 
 
 def _kernel_name(ts, tasks) -> str:
