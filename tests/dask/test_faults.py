@@ -232,3 +232,17 @@ def test_illegal_address_fails_the_task_and_the_worker_is_replaced():
             pytest.fail(f"worker was not replaced: before {before}, now {now}")
         again = client.submit(ones.forall(64), np.zeros(64, np.float32), pure=False)
         assert (again.result(timeout=60) == 1).all()
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_a_map_submitted_right_after_one_that_loses_the_context_runs():
+    import dask.array as da
+
+    with dg.LocalGPUCluster(simulate=False, dashboard_address=None) as cluster, \
+            Client(cluster) as client:
+        x = da.zeros(1 << 20, chunks=1 << 16, dtype=np.float32)
+        bad = client.compute(dg.map_kernel(wild_store, dg.Out(np.float32, like=x)))
+        good = client.compute(dg.map_kernel(ones, dg.Out(np.float32, like=x)))
+        with pytest.raises(dg.ContextLostError, match="wild_store"):
+            bad.result(timeout=120)
+        assert (good.result(timeout=180) == 1).all()
