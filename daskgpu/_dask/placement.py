@@ -228,6 +228,13 @@ class GPUPlacement(SchedulerPlugin):
     While no worker offers ``GPU`` (a CPU cluster that simulates), tasks are
     left alone: a restriction would make them wait for a GPU that never comes.
 
+    It also asks, for each launch task, the ``GPU-memory`` it needs
+    (:func:`device_bytes`; a submitted launch reading a future not computed
+    yet asks for the largest offer until it is), fails a launch task that no
+    worker could take for ``daskgpu.no-worker-timeout`` seconds
+    (:class:`NoGPUWorkerError`), and gives the launch tasks running beside one
+    that lost its worker's CUDA context one more try.
+
     Examples
     --------
     >>> from distributed import Client

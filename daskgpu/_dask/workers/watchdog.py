@@ -233,10 +233,11 @@ class LaunchGuard:
         logger.error("daskgpu: task %r lost the CUDA context (%s); closing worker %s so "
                      "its nanny restarts it", key, task.exception_text, worker.address)
         # A task it started now would meet the lost context and fail for another's fault:
-        # it starts none, and the scheduler sends it none, until it closes; the tasks it
-        # holds then run elsewhere, on its fresh process among others.
+        # it starts none until it closes, and the tasks it holds then run elsewhere, on
+        # its fresh process among others. (As a paused worker does. Its status is left
+        # alone: telling the scheduler it was closing made the failed task's error go
+        # missing, and the task ran again on the fresh worker.)
         worker.state.running = False
-        worker.loop.add_callback(_stop_taking_tasks, worker)
         # A kernel over its time limit still runs: the process must end, not close.
         hung = "LaunchTimeoutError" in (task.exception_text or "")
         worker.loop.call_later(GRACE, close_worker, worker, hung)
@@ -353,14 +354,6 @@ def close_worker(worker, hung: bool = False):
     asyncio.ensure_future(
         worker.close(nanny=False, executor_wait=False, reason="daskgpu: CUDA context lost")
     )
-
-
-def _stop_taking_tasks(worker) -> None:
-    """Tell the scheduler that ``worker`` takes no more tasks (it is about to close)."""
-    from distributed.core import Status
-
-    if worker.status == Status.running:
-        worker.status = Status.closing_gracefully
 
 
 def _still_running(task) -> bool:
