@@ -223,6 +223,31 @@ def test_a_launch_over_its_limit_on_a_worker_without_a_nanny_is_stopped_and_wedg
         assert _addresses(client) == {first, second}
 
 
+@pytest.mark.slow
+def test_a_cancelled_spinning_launch_on_a_worker_without_a_nanny_is_stopped_after_the_grace():
+    import threading
+
+    with dg.LocalGPUCluster(simulate=True, processes=False, devices=[0],
+                            dashboard_address=None) as cluster, Client(cluster) as client:
+        client.wait_for_workers(1, timeout=60)
+        before = _addresses(client)
+        # One simulated thread: 64 spinning ones (a forall block) share the GIL with the
+        # event loop of every worker in the process, and slow it down for minutes.
+        future = client.submit(spin[1, 1], np.zeros(1, np.int64), pure=False)
+        time.sleep(1)
+        future.cancel()
+        out = np.zeros(8, np.float32)  # the client's own launch waits for the simulator
+        local = threading.Thread(target=double[1, 8], args=(out, np.ones(8, np.float32)),
+                                 daemon=True)
+        local.start()
+        local.join(60)
+        assert not local.is_alive() and (out == 2).all()
+        x = np.arange(8, dtype=np.float32)
+        again = client.submit(double.forall(8), np.zeros_like(x), x, pure=False)
+        np.testing.assert_array_equal(again.result(timeout=60), 2 * x)
+        assert _addresses(client) == before  # the same worker, not wedged
+
+
 def test_a_time_limit_is_a_positive_number():
     with pytest.raises(dg.LaunchConfigError, match="timeout=0"):
         double.configure(1, 8, timeout=0)
