@@ -203,8 +203,9 @@ def test_a_launch_over_its_limit_on_a_worker_without_a_nanny_is_stopped_and_wedg
         first, second = sorted(_addresses(client))
         with pytest.raises(dg.LaunchTimeoutError, match="time limit of 1 s.*the simulated "
                                                         "launch was stopped"):
-            client.submit(spin.forall(1, timeout=1), np.zeros(1, np.int64), workers=[first],
-                          pure=False).result(timeout=60)
+            # One simulated thread (see the test below for why).
+            client.submit(spin.configure(1, 1, timeout=1), np.zeros(1, np.int64),
+                          workers=[first], pure=False).result(timeout=60)
         x = da.arange(64, chunks=16, dtype=np.float32)
         z = dg.map_kernel(double, dg.Out(np.float32, like=x), x)
         np.testing.assert_array_equal(client.compute(z, workers=[second]).result(timeout=60),
