@@ -240,9 +240,12 @@ def test_on_a_gpu_a_map_submitted_right_after_one_that_loses_the_context_runs():
 
     with dg.LocalGPUCluster(simulate=False, dashboard_address=None) as cluster, \
             Client(cluster) as client:
+        # Each chunk of the wild map loses a context of its own: two are enough.
+        w = da.zeros(2 << 16, chunks=1 << 16, dtype=np.float32)
         x = da.zeros(1 << 20, chunks=1 << 16, dtype=np.float32)
-        bad = client.compute(dg.map_kernel(wild_store, dg.Out(np.float32, like=x)))
+        bad = client.compute(dg.map_kernel(wild_store, dg.Out(np.float32, like=w)))
         good = client.compute(dg.map_kernel(ones, dg.Out(np.float32, like=x)))
         with pytest.raises(dg.ContextLostError, match="wild_store"):
             bad.result(timeout=120)
+        bad.release()
         assert (good.result(timeout=180) == 1).all()
