@@ -37,6 +37,8 @@ MAX_SIZE = 1 << 50
 MAX_COPY_THREADS = 256
 #: The most linked modules a worker keeps: a bound on nonsense, not on memory.
 MAX_MODULE_CACHE_SIZE = 1_000_000
+#: The largest ``chain-graphs``: a bound on nonsense (no chain is that long).
+MAX_CHAIN_GRAPH_LAUNCHES = 1_000_000
 
 
 # -- parsers: raw value -> checked value; a ValueError's text says what is wanted -----
@@ -228,6 +230,8 @@ SETTINGS = {
     "pipeline-min-bytes": _bytes(0),
     "device-pool-bytes": _bytes(0),
     "fuse-chains": _bool,
+    "launch-bytes": _bytes(0),
+    "chain-graphs": _count(0, MAX_CHAIN_GRAPH_LAUNCHES),
     "bundle-key": _bundle_key,
     "launch-timeout": _seconds(optional=True),
     "device-memory": _optional_bytes(1),
@@ -374,6 +378,62 @@ def _check_pinned_sizes(slot: int, pool: int) -> None:
             f"daskgpu setting 'pinned-slot-bytes' is {slot}, more than 'pinned-pool-bytes' "
             f"({pool}), but the pool is made of whole slots: make the slot smaller or the "
             f"pool larger; {_source('pinned-slot-bytes')}")
+
+
+def memory_margin(total: int) -> int:
+    """``daskgpu.device-memory-margin``, checked against a device of ``total`` bytes.
+
+    A margin at or above the device's memory would leave launches nothing to
+    share (an offer of 0, which turns sharing off without a word): it is
+    refused, naming the setting, the device's memory and the margin, so that
+    the worker does not start so.
+
+    Examples
+    --------
+    >>> register()
+    >>> memory_margin(80 * 2**30) == 2 * 2**30
+    True
+    >>> memory_margin(2**30)
+    Traceback (most recent call last):
+    ...
+    daskgpu._errors.ConfigError: daskgpu setting 'device-memory-margin' is 2147483648 bytes ...
+    """
+    margin = get("device-memory-margin")
+    if margin >= total:
+        raise ConfigError(
+            f"daskgpu setting 'device-memory-margin' is {margin} bytes ({_gib(margin)}), at "
+            f"or above this worker's device memory, {total} bytes ({_gib(total)}), which "
+            "would leave launches none of it to share: set the margin below the device's "
+            "memory, or set daskgpu.device-memory to the bytes the worker offers; "
+            f"{_source('device-memory-margin')}")
+    return margin
+
+
+def _gib(size: int) -> str:
+    return f"{size / 2**30:.2f} GiB"
+
+
+def is_set(key: str) -> bool:
+    """Whether ``daskgpu.<key>`` was given a value rather than left at its packaged default:
+    in a dask config file, a ``DASK_DASKGPU__*`` variable (as those are now), or with
+    ``dask.config.set`` (there only a value other than the default shows).
+
+    Examples
+    --------
+    >>> import dask.config
+    >>> register()
+    >>> is_set("copy-threads")
+    False
+    >>> with dask.config.set({"daskgpu.copy-threads": 2}):
+    ...     is_set("copy-threads")
+    True
+    """
+    if key in _collected.__wrapped__():  # read afresh: the environment may have changed
+        return True
+    if "dask" in sys.modules:
+        raw = _raw(key)
+        return raw is not _MISSING and raw != defaults()["daskgpu"].get(key, _MISSING)
+    return False
 
 
 def register() -> None:

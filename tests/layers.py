@@ -34,3 +34,30 @@ def launch_restrictions(client) -> dict:
                 if ts.run_spec is not None and runs_launch(ts.run_spec)}
 
     return client.run_on_scheduler(read)
+
+
+def chain_task_count() -> int:
+    """Tasks of a chain of two maps over 8 chunks, optimized as ``compute`` would."""
+    import dask
+    import dask.array as da
+    import numpy as np
+    from numba import cuda
+
+    import daskgpu as dg
+
+    @dg.jit("void(float32[::1], float32, float32[::1])")
+    def scale(out, a, x):
+        i = cuda.grid(1)
+        if i < out.size:
+            out[i] = a * x[i]
+
+    with dask.config.set({"daskgpu.simulate": True, "daskgpu.launch-bytes": 0}):
+        x = da.from_array(np.arange(64, dtype=np.float32), chunks=8)
+        y = dg.map_kernel(scale, dg.Out(like=x), 2.0, x)
+        z = dg.map_kernel(scale, dg.Out(like=x), 3.0, y)
+        if EXPRESSIONS:
+            graph = z.optimize().__dask_graph__()
+        else:
+            (opt,) = dask.optimize(z)
+            graph = opt.__dask_graph__()
+        return len(dict(graph))

@@ -136,6 +136,7 @@ def _probe(tmp_path, env):
     return json.loads(out)
 
 
+@pytest.mark.slow
 def test_values_are_the_same_before_and_after_import_dask(tmp_path):
     (tmp_path / "conf").mkdir()
     (tmp_path / "conf" / "daskgpu.yaml").write_text(
@@ -150,12 +151,14 @@ def test_values_are_the_same_before_and_after_import_dask(tmp_path):
     assert before["simulate"] is False and before["target-cc"] == "8.0"
 
 
+@pytest.mark.slow
 def test_a_bad_environment_value_fails_the_same_way_without_dask(tmp_path):
     (tmp_path / "conf").mkdir()
     before, after = _probe(tmp_path, {"DASK_DASKGPU__PINNED_POOL_BYTES": "-5"})
     assert before == after and "'pinned-pool-bytes' is -5" in before
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("text", ["None", "null", ""])
 def test_a_bundle_key_variable_that_reads_as_none_is_refused_with_or_without_dask(
         tmp_path, text):
@@ -164,12 +167,14 @@ def test_a_bundle_key_variable_that_reads_as_none_is_refused_with_or_without_das
     assert before == after and "'bundle-key'" in before and "or false for no key" in before
 
 
+@pytest.mark.slow
 def test_a_bundle_key_variable_of_false_means_no_key(tmp_path):
     (tmp_path / "conf").mkdir()
     before, after = _probe(tmp_path, {"DASK_DASKGPU__BUNDLE_KEY": "false"})
     assert before == after and before["bundle-key"] is None
 
 
+@pytest.mark.slow
 def test_a_bundle_key_read_as_a_number_says_how_to_quote_it(tmp_path):
     (tmp_path / "conf").mkdir()
     before, after = _probe(tmp_path, {"DASK_DASKGPU__BUNDLE_KEY": "8675309"})
@@ -179,3 +184,28 @@ def test_a_bundle_key_read_as_a_number_says_how_to_quote_it(tmp_path):
     assert "8675309" not in before  # still a secret
     before, after = _probe(tmp_path, {"DASK_DASKGPU__BUNDLE_KEY": '"8675309"'})  # quoted
     assert before == after and before["bundle-key"] == "8675309"
+
+
+def test_a_setting_given_its_default_value_counts_as_set(monkeypatch, tmp_path):
+    monkeypatch.setenv("DASK_CONFIG", str(tmp_path))  # no config file of this machine's
+    monkeypatch.delenv("DASK_DASKGPU__SIMULATE", raising=False)
+    assert not _config.is_set("simulate")
+    monkeypatch.setenv("DASK_DASKGPU__SIMULATE", "0")  # the default, said explicitly
+    assert _config.is_set("simulate")
+    monkeypatch.delenv("DASK_DASKGPU__SIMULATE")
+    (tmp_path / "daskgpu.yaml").write_text("daskgpu:\n  simulate: false\n")
+    assert _config.is_set("simulate")
+
+
+def test_a_memory_margin_at_or_above_the_device_memory_is_refused_naming_both():
+    gib = 2**30
+    with dask.config.set({"daskgpu.device-memory-margin": "80GiB"}):
+        for total in (80 * gib, 40 * gib):
+            with pytest.raises(ConfigError) as caught:
+                _config.memory_margin(total)
+            message = str(caught.value)
+            assert message.startswith(
+                f"daskgpu setting 'device-memory-margin' is {80 * gib} bytes (80.00 GiB), at "
+                f"or above this worker's device memory, {total} bytes ")
+            assert "set daskgpu.device-memory to the bytes the worker offers" in message
+        assert _config.memory_margin(80 * gib + 1) == 80 * gib  # one byte left to share

@@ -190,6 +190,7 @@ def _worker_requirements(dockerfile, cuda_major):
     return proc.stdout.splitlines()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("cuda_major", [12, 13])
 def test_worker_image_pins_lie_within_pyproject(dockerfile, cuda_major):
     from packaging.requirements import Requirement
@@ -286,6 +287,7 @@ def test_sbatch_scheduler_listens_on_a_free_port():
     assert "8786" not in text
 
 
+@pytest.mark.slow
 def test_sbatch_is_valid_bash():
     proc = subprocess.run(["bash", "-n", str(DEPLOY / "slurm" / "daskgpu.sbatch")],
                           capture_output=True, text=True)
@@ -365,6 +367,7 @@ def jobqueue_example():
     return module
 
 
+@pytest.mark.slow
 def test_jobqueue_example_kernel_runs_simulated(jobqueue_example):
     import dask.array as da
     import numpy as np
@@ -378,6 +381,7 @@ def test_jobqueue_example_kernel_runs_simulated(jobqueue_example):
         assert jobqueue_example.saxpy_sum(client, x, timeout=120) == 2 * 499_500 + 1000
 
 
+@pytest.mark.slow
 def test_jobqueue_example_gives_up_with_a_message_when_no_worker_comes(
         jobqueue_example, monkeypatch, capsys):
     from distributed import LocalCluster
@@ -442,6 +446,7 @@ def test_daskcluster_workers_get_a_gpu_each(daskcluster):
     assert service_targets <= set(ports)
 
 
+@pytest.mark.slow
 def test_daskcluster_worker_finds_the_scheduler_from_the_operator_env(daskcluster):
     # The operator sets DASK_SCHEDULER_ADDRESS; the worker args name no scheduler.
     (worker,) = daskcluster["spec"]["worker"]["spec"]["containers"]

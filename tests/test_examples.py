@@ -8,8 +8,6 @@ import pathlib
 import numpy as np
 import pytest
 
-import daskgpu as dg
-
 EXAMPLES = pathlib.Path(__file__).resolve().parent.parent / "examples"
 
 
@@ -19,13 +17,6 @@ def load(name):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
-
-
-@pytest.fixture(scope="module")
-def cluster():
-    # Threaded workers in this process: fast to start, still a real scheduler.
-    with dg.LocalGPUCluster(simulate=True, processes=False, dashboard_address=":0") as c:
-        yield c
 
 
 def test_saxpy_dask(cluster, capsys):
@@ -73,6 +64,7 @@ def test_demo_run_on_a_given_cluster(cluster, capsys):
     assert cluster.status.name == "running"  # a given cluster is left running
 
 
+@pytest.mark.slow
 def test_demo_main_starts_its_own_cluster(capsys):
     from daskgpu._cli import demo as _demo
 
@@ -122,6 +114,7 @@ def test_each_example_guards_its_cluster_and_starts_no_dashboard(path):
             assert "dashboard_address=None" in call.split("\n\n")[0], (path.name, call[:200])
 
 
+@pytest.mark.slow
 @pytest.mark.nogpu
 def test_an_example_as_a_script_is_quiet_even_when_8787_is_taken():
     import socket

@@ -63,6 +63,7 @@ def test_errors_derive_from_one_root():
     assert issubclass(daskgpu.PicklingError, TypeError)
 
 
+@pytest.mark.slow
 def test_import_daskgpu_imports_neither_numba_nor_distributed():
     out = run_python("""
         import sys
@@ -73,6 +74,7 @@ def test_import_daskgpu_imports_neither_numba_nor_distributed():
     assert out == "[]"
 
 
+@pytest.mark.slow
 def test_lazy_names_load_their_module_on_first_use():
     out = run_python("""
         import sys
@@ -103,6 +105,7 @@ def test_config_defaults():
     assert daskgpu._runtime.backends.current().simulated is False
 
 
+@pytest.mark.slow
 def test_config_set_keeps_the_defaults():
     out = run_python("""
         import daskgpu as dg
@@ -115,6 +118,7 @@ def test_config_set_keeps_the_defaults():
     assert out == "True False 7.5"
 
 
+@pytest.mark.slow
 def test_config_set_with_dask_imported_first():
     out = run_python("""
         import dask

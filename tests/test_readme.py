@@ -72,6 +72,7 @@ def test_readme_links_resolve():
         assert (README.parent / link).exists(), link
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name,code", SCRIPTS, ids=[n for n, _ in SCRIPTS])
 def test_readme_snippet_runs_as_a_script(name, code, tmp_path):
     if code.startswith(f"# {NEEDS_GPU}") and not has_gpu():
@@ -88,6 +89,7 @@ def test_a_cluster_script_needs_the_guard_the_readme_shows():
     assert "__main__" in TEXT.partition(tour)[2][:1500]  # and the text says why
 
 
+@pytest.mark.slow
 @pytest.mark.nogpu
 def test_readme_commands_run_without_a_gpu(tmp_path):
     import distributed

@@ -73,10 +73,12 @@ def report():
     return run_worker(saxpy.forall(1000))
 
 
+@pytest.mark.slow
 def test_no_numba_module_is_imported(report):
     assert report["numba"] == []
 
 
+@pytest.mark.slow
 def test_unpickled_launch_is_the_ptx_kernel(report):
     assert report["kernel"] == "PTXKernel"
     assert report["signatures"] == saxpy.signatures
@@ -87,11 +89,13 @@ def test_unpickled_launch_is_the_ptx_kernel(report):
     assert report["params"] == [3 * 7 + 1, 3 * 7 + 1]
 
 
+@pytest.mark.slow
 def test_bare_worker_does_not_import_dask(report):
     # Unpickling and running a launch needs neither dask nor distributed.
     assert report["dask"] == []
 
 
+@pytest.mark.slow
 def test_simulated_launch_unpickles_without_numba():
     with dask.config.set({"daskgpu.simulate": True}):
         launch = saxpy[2, 32]
@@ -100,6 +104,7 @@ def test_simulated_launch_unpickles_without_numba():
     assert out["hashes"] == [im.hash for im in saxpy.images]
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(nvjitlink_version() is None, reason="needs nvJitLink")
 def test_worker_half_links_without_numba():
     out = run_worker(saxpy[1, 32], "link")
@@ -110,10 +115,12 @@ def test_worker_half_links_without_numba():
     assert out["cuda.core"] is False
 
 
+@pytest.mark.slow
 def test_no_runtime_module_imports_cuda_core(report):
     assert report["cuda.core"] is False
 
 
+@pytest.mark.slow
 @pytest.mark.gpu
 def test_a_fresh_process_launches_without_cuda_core():
     code = textwrap.dedent('''
@@ -132,6 +139,7 @@ def test_a_fresh_process_launches_without_cuda_core():
     assert proc.stdout.decode().split() == ["False"]
 
 
+@pytest.mark.slow
 def test_every_runtime_module_imports_without_numba(report):
     # The walk above reaches the GPU backend's subpackage too, and the
     # simulator module imports numba only when it simulates.

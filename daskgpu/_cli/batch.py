@@ -325,7 +325,9 @@ def main(argv=None) -> int:
         print(f"daskgpu batch: error: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM as Terminated
-        for note in getattr(exc, "__notes__", ()):
+        notes = getattr(exc, "__notes__", None) or [
+            "daskgpu batch interrupted before the job started: nothing was written"]
+        for note in notes:
             print(note, file=sys.stderr)
         return TERMINATED if isinstance(exc, Terminated) else INTERRUPTED
 

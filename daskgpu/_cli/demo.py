@@ -124,9 +124,12 @@ def run(size=None, simulate=None, cluster=None, *, chunks=None, verbose=True) ->
             ok = error <= 8 * np.finfo(np.float32).eps and len(placement) == z.numblocks[0]
             # The simulator runs each GPU thread as Python: no bandwidth to speak of.
             gbps = None if simulated else 3 * 4 * size / times[1] / 1e9
+            if z.numblocks[0] != x.numblocks[0]:
+                say(f"  small chunks grouped into {z.numblocks[0]} launch(es) "
+                    "(daskgpu.launch-bytes; group=False launches once per chunk)")
             for w in workers:
                 mine = sorted(c for c, ww in placement.items() if ww == w)
-                say(f"  {w}: chunks {mine}")
+                say(f"  {w}: launches {mine}")
             first = "first-use setup" if simulated else "linking for the GPU"
             rate = "" if gbps is None else f" ({gbps:.3g} GB/s)"
             say(f"first pass {times[0]:.3f} s (includes {first}), second {times[1]:.3f} s"

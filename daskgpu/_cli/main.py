@@ -207,11 +207,13 @@ def main(argv=None) -> int:
 
 @contextlib.contextmanager
 def _numba_simulator_switch(command):
-    """Read Numba's ``NUMBA_ENABLE_CUDASIM=1`` as what a Numba user means by it: simulate.
+    """Read Numba's ``NUMBA_ENABLE_CUDASIM=1`` as what a Numba user means by it: simulate,
+    unless ``daskgpu.simulate`` is set, whose value wins.
 
     The switch turns ``numba.cuda`` into a simulator that cannot compile PTX, so for
-    this command it is taken out of the environment (before numba.cuda loads) and
-    ``daskgpu.simulate`` is on instead, with one notice line; both come back after.
+    this command it is taken out of the environment (before numba.cuda loads), with
+    one notice line, and ``daskgpu.simulate`` is on instead where it is unset; both
+    come back after.
     """
     value = os.environ.get("NUMBA_ENABLE_CUDASIM", "")
     if value.strip() in ("", "0") or "numba.cuda" in sys.modules:
@@ -219,12 +221,22 @@ def _numba_simulator_switch(command):
         return
     import dask.config
 
-    print(f"daskgpu {command}: NUMBA_ENABLE_CUDASIM={value} is Numba's switch to its CUDA "
-          "simulator; daskgpu simulates through daskgpu.simulate, which is on for this "
-          "command", file=sys.stderr)
+    from daskgpu import _config
+
+    if _config.is_set("simulate"):
+        state = "on" if _config.flag("simulate") else "off"
+        print(f"daskgpu {command}: NUMBA_ENABLE_CUDASIM={value} is Numba's switch to its CUDA "
+              f"simulator, and is ignored: daskgpu.simulate is set {state}, which wins",
+              file=sys.stderr)
+        simulate = {}
+    else:
+        print(f"daskgpu {command}: NUMBA_ENABLE_CUDASIM={value} is Numba's switch to its CUDA "
+              "simulator; daskgpu simulates through daskgpu.simulate, which is on for this "
+              "command", file=sys.stderr)
+        simulate = {"daskgpu.simulate": True}
     del os.environ["NUMBA_ENABLE_CUDASIM"]
     try:
-        with dask.config.set({"daskgpu.simulate": True}):
+        with dask.config.set(simulate):
             yield
     finally:
         os.environ["NUMBA_ENABLE_CUDASIM"] = value

@@ -47,6 +47,8 @@ class ClusterFacts(NamedTuple):
     devices: tuple = ()
     #: The most ``GPU-memory`` any worker offers, in bytes; 0 when none offers it.
     gpu_memory: int = 0
+    #: How many workers offer the ``GPU`` resource.
+    gpu_workers: int = 0
 
 
 #: What each cluster with GPU workers offers, by scheduler address (client side),
@@ -81,12 +83,13 @@ def _facts(workers: dict) -> ClusterFacts:
     ((('tcp://a:1', {'cc': (9, 0), 'driver': (13, 0), 'linker': None}),), 1073741824)
     """
     offers_gpu = simulates = False
-    devices, memory = [], 0
+    devices, memory, gpu_workers = [], 0, 0
     for address, worker in sorted(workers.items()):
         worker = worker if isinstance(worker, Mapping) else {}
         resources = _mapping(address, "resources", worker.get("resources"))
         metrics = _mapping(address, "metrics", worker.get("metrics"))
         offers_gpu = offers_gpu or bool(resources.get(GPU))
+        gpu_workers += bool(resources.get(GPU))
         simulates = simulates or bool(metrics.get(SIMULATED_METRIC))
         if metrics.get(DEVICE_METRIC):
             versions = _versions(metrics[DEVICE_METRIC])
@@ -106,7 +109,7 @@ def _facts(workers: dict) -> ClusterFacts:
                  "its offer is not counted when chunks are checked against what workers "
                  "offer; restart it with --resources GPU-memory=<bytes>, or without it")
     return ClusterFacts(offers_gpu=offers_gpu, simulates=simulates, devices=tuple(devices),
-                        gpu_memory=memory)
+                        gpu_memory=memory, gpu_workers=gpu_workers)
 
 
 def _mapping(address, what, value) -> Mapping:
@@ -171,7 +174,7 @@ def cluster_facts() -> ClusterFacts:
     Examples
     --------
     >>> cluster_facts()  # no client here
-    ClusterFacts(offers_gpu=False, simulates=False, devices=(), gpu_memory=0)
+    ClusterFacts(offers_gpu=False, simulates=False, devices=(), gpu_memory=0, gpu_workers=0)
     """
     if "distributed" not in sys.modules:  # no client can be current
         return ClusterFacts()

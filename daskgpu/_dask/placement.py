@@ -74,7 +74,7 @@ def memory_offer(total: int | None, simulated: bool) -> int | None:
         return given
     if simulated or not total:
         return None
-    return max(int(total) - _config.get("device-memory-margin"), 0)
+    return int(total) - _config.memory_margin(int(total))
 
 
 #: Deep enough for a blockwise-fused task inside a low-level fused one.
@@ -217,6 +217,10 @@ def _nbytes(node, tasks) -> int | None:
     if isinstance(node, RandomStates):
         return int(node.n or 0) * STATE_DTYPE.itemsize
     return max(int(getattr(node, "nbytes", 0) or 0), 0)
+
+
+def _finite(offer) -> bool:
+    return isinstance(offer, int | float) and 0 <= offer < float("inf")
 
 
 class GPUPlacement(SchedulerPlugin):
@@ -364,8 +368,10 @@ class GPUPlacement(SchedulerPlugin):
         # A launch never asks for more than the largest worker has: one that needs more
         # (a submitted launch on large arrays; maps are refused when built) runs alone
         # there, rather than wait for a worker that never comes.
-        largest = max((ws.resources.get(GPU_MEMORY, 0) for ws in scheduler.workers.values()),
-                      default=0)
+        # An offer that is no finite number of bytes (a worker started by hand with
+        # GPU-memory=nan) is not one: asking for it would leave tasks waiting for ever.
+        largest = max((offer for ws in scheduler.workers.values()
+                       if _finite(offer := ws.resources.get(GPU_MEMORY, 0))), default=0)
         if not largest:
             return
         need, most, known = _memory_asks(ts.run_spec, scheduler.tasks)

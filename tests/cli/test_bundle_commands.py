@@ -49,6 +49,7 @@ def test_inspect_of_a_device_reads_nothing(tmp_path, capsys):
     assert peak < 16 << 20, f"{peak} bytes allocated to refuse /dev/zero"
 
 
+@pytest.mark.slow
 def test_inspect_of_a_fifo_from_the_shell(tmp_path):
     fifo = tmp_path / "kernel.dgk"
     os.mkfifo(fifo)

@@ -72,6 +72,7 @@ def test_every_usage_error_exits_2_in_a_few_lines(argv, capsys):
     assert "Traceback" not in err and len(message) == 1, err
 
 
+@pytest.mark.slow
 @pytest.mark.nogpu
 def test_bench_without_a_gpu_says_so_in_one_line_and_exits_2():
     proc = subprocess.run([sys.executable, "-m", "daskgpu", "bench"], capture_output=True,
@@ -100,6 +101,7 @@ def test_bench_help_works_without_a_gpu(capsys):
     assert "comparisons to run" in _help(capsys, "bench")
 
 
+@pytest.mark.slow
 def test_demo_simulated_is_quiet(capsys, caplog):
     import logging
 

@@ -86,6 +86,7 @@ def test_help_and_version_return_0(capsys):
     assert "--sig SIG" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_python_dash_m_runs_the_cli():
     proc = subprocess.run([sys.executable, "-m", "daskgpu", "--version"], cwd=REPO,
                           capture_output=True, text=True, timeout=60)
@@ -130,6 +131,7 @@ def test_info_json_prefers_nvjitlink(monkeypatch, capsys):
     assert facts["hint"] is None
 
 
+@pytest.mark.slow
 def test_info_on_this_machine_needs_no_numba():
     script = """
     import sys
@@ -228,6 +230,7 @@ def test_worker_command_reports_missing_scheduler(capsys):
     assert "no scheduler to join" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_worker_joins_a_scheduler_pinned_with_gpu_resource_and_plugin():
     from distributed import Client, Scheduler
 

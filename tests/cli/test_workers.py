@@ -10,8 +10,8 @@ import time
 import dask
 import numpy as np
 import pytest
+from kit.restart import SLOW_MODULE, lose_the_context
 from numba import cuda
-from restart_helpers import SLOW_MODULE, lose_the_context
 
 import daskgpu as dg
 from daskgpu import _config
@@ -120,6 +120,7 @@ def _wait_for(path, proc, timeout=60):
         time.sleep(0.2)
 
 
+@pytest.mark.slow
 def test_hand_started_simulated_cluster_runs_map_kernel(tmp_path):
     """``DASK_DASKGPU__SIMULATE=1 dask scheduler`` / ``daskgpu worker``, and a client.
 
@@ -178,6 +179,7 @@ def test_nannies_bound_each_worker_start_as_local_gpu_cluster_does():
     assert spec["death_timeout"] == 30
 
 
+@pytest.mark.slow
 def test_a_worker_restarted_after_a_lost_context_comes_back_after_a_slow_import(tmp_path):
     """``daskgpu worker``'s nanny restarts its worker however long the import takes.
 

@@ -173,6 +173,7 @@ def other(x):
 '''
 
 
+@pytest.mark.slow
 def test_image_hash_does_not_depend_on_compile_order(tmp_path):
     # Numba numbers functions per process; the symbols daskgpu ships must not.
     import subprocess

@@ -354,6 +354,7 @@ def test_kernel_pickles_to_ptx_kernel_without_numba_objects():
     assert all(im.py_func is None for im in back.images)
 
 
+@pytest.mark.slow
 def test_numba_is_not_needed_to_unpickle_a_kernel():
     code = textwrap.dedent("""
         import pickle, sys

@@ -9,6 +9,8 @@ import pathlib
 import subprocess
 import sys
 
+import pytest
+
 REPO = pathlib.Path(__file__).resolve().parents[2]
 
 
@@ -19,6 +21,7 @@ def _run(args, **kw):
                           timeout=300, **kw)
 
 
+@pytest.mark.slow
 def test_compiling_under_numbas_switch_names_daskgpus_setting():
     code = ("import daskgpu as dg\n"
             "from numba import cuda\n"
@@ -35,6 +38,7 @@ def test_compiling_under_numbas_switch_names_daskgpus_setting():
     assert "unset NUMBA_ENABLE_CUDASIM and set DASK_DASKGPU__SIMULATE=1" in line
 
 
+@pytest.mark.slow
 def test_the_demo_under_numbas_switch_runs_simulated():
     proc = _run([sys.executable, "-m", "daskgpu", "demo", "--size", "1000"])
     assert proc.returncode == 0, proc.stderr
@@ -43,3 +47,20 @@ def test_the_demo_under_numbas_switch_runs_simulated():
         "daskgpu simulates through daskgpu.simulate, which is on for this command")
     assert "(simulated)" in proc.stdout and "OK" in proc.stdout
     assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.nogpu
+@pytest.mark.slow
+def test_an_explicit_daskgpu_setting_wins_over_numbas_switch():
+    # With simulation set off, a machine without a GPU cannot run workers: the switch
+    # used to turn simulation on regardless, and start a simulated worker.
+    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1", DASK_DASKGPU__SIMULATE="0",
+               PYTHONPATH=str(REPO))
+    proc = subprocess.run([sys.executable, "-m", "daskgpu", "worker", "tcp://127.0.0.1:1",
+                           "--death-timeout", "5"], capture_output=True, text=True, env=env,
+                          cwd=REPO, timeout=300)
+    lines = proc.stderr.splitlines()
+    assert lines[0] == ("daskgpu worker: NUMBA_ENABLE_CUDASIM=1 is Numba's switch to its CUDA "
+                        "simulator, and is ignored: daskgpu.simulate is set off, which wins")
+    assert proc.returncode == 2, proc.stderr
+    assert lines[1].startswith("daskgpu worker: error: no CUDA GPU to run workers on")

@@ -4,7 +4,6 @@ marshalled as Numba lays them out, and run in the simulator."""
 
 import pickle
 
-import dask
 import ml_dtypes
 import numpy as np
 import pytest
@@ -25,12 +24,6 @@ dg._config.get("target-cc")  # register daskgpu's defaults before dask.config.se
 ALIGNED = np.dtype([("a", np.int8), ("b", np.float64), ("c", np.complex64)], align=True)
 PACKED = np.dtype([("b", np.float64), ("c", np.complex64), ("a", np.int8)])  # 17 bytes
 NESTED = np.dtype([("x", np.int16), ("inner", ALIGNED), ("v", np.float32, (3,))], align=True)
-
-
-@pytest.fixture
-def simulate():
-    with dask.config.set({"daskgpu.simulate": True}):
-        yield
 
 
 @pytest.mark.parametrize("dtype", [ALIGNED, PACKED, NESTED, xoroshiro128p_dtype],
@@ -277,6 +270,7 @@ print(a.hash, b.hash)
 """
 
 
+@pytest.mark.slow
 def test_record_kernel_images_hash_the_same_in_every_process():
     import subprocess
     import sys

@@ -160,6 +160,7 @@ print(len(kernels))
 """
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not os.path.exists(MANIFEST), reason="no kernels.pkl.gz recorded yet")
 def test_every_recorded_kernel_compiles_and_ships_ptx_only_with_no_driver(capsys):
     start = time.perf_counter()

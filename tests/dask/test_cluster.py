@@ -196,6 +196,7 @@ def test_scale_is_bounded_by_devices(cluster, client):
     assert sorted(w["name"] for w in client.scheduler_info()["workers"].values()) == [0, 1]
 
 
+@pytest.mark.slow
 def test_config_restored_after_close():
     with dask.config.set({"daskgpu.simulate": False}):
         with dg.LocalGPUCluster(simulate=True, processes=False, dashboard_address=":0") as c:
@@ -224,6 +225,7 @@ def test_tls(client):
             assert list(tls_client.run(dg.device_info).values())[0]["simulated"]
 
 
+@pytest.mark.slow
 def test_security_true_makes_temporary_credentials(monkeypatch):
     pytest.importorskip("cryptography")
     with dg.LocalGPUCluster(simulate=True, processes=False, security=True,
@@ -232,6 +234,7 @@ def test_security_true_makes_temporary_credentials(monkeypatch):
 
 
 # -- real GPUs ---------------------------------------------------------------------
+@pytest.mark.slow
 @pytest.mark.gpu
 def test_real_cluster_pins_one_worker_per_gpu():
     devices = parse_devices(backends.GPU.devices().names)
@@ -286,6 +289,7 @@ def test_threads_per_worker_must_be_a_positive_integer(threads):
         dg.LocalGPUCluster(simulate=True, threads_per_worker=threads)
 
 
+@pytest.mark.slow
 def test_no_dashboard_means_no_port_warning_when_8787_is_taken(recwarn):
     import socket
 
@@ -304,6 +308,7 @@ def test_no_dashboard_means_no_port_warning_when_8787_is_taken(recwarn):
     assert not [w for w in recwarn if "already in use" in str(w.message)]
 
 
+@pytest.mark.slow
 @pytest.mark.nogpu
 def test_simulating_without_a_gpu_says_so_in_one_short_line():
     import subprocess

@@ -7,20 +7,13 @@ import dask.array as da
 import numpy as np
 import pytest
 from distributed import Client
-from numba import cuda
+from kit.kernels import saxpy
 
 import daskgpu as dg
 from daskgpu._dask import cluster_facts
 from daskgpu._dask.workers.plugin import DEVICE_METRIC
 
 dg._config.register()  # before dask.config.set, so the defaults outlive its blocks
-
-
-@dg.jit("void(float32[::1], float32, float32[::1], float32[::1])")
-def saxpy(out, a, x, y):
-    i = cuda.grid(1)
-    if i < out.size:
-        out[i] = a * x[i] + y[i]
 
 
 def _report_old_linker(dask_worker):
@@ -41,8 +34,10 @@ def _wait_until_the_scheduler_sees(client, address, linker=None, timeout=30):
         time.sleep(0.1)
 
 
+@pytest.mark.slow
 def test_a_worker_with_an_old_linker_fails_the_map_once_when_the_graph_is_built():
-    with dg.LocalGPUCluster(simulate=True, dashboard_address=None) as cluster, \
+    # Threaded workers: what the client reads of them is the same, and they start at once.
+    with dg.LocalGPUCluster(simulate=True, processes=False, dashboard_address=None) as cluster, \
             Client(cluster) as client:
         old = sorted(cluster_facts.workers_info(client))[0]
         client.run(_report_old_linker, workers=[old])
@@ -57,8 +52,10 @@ def test_a_worker_with_an_old_linker_fails_the_map_once_when_the_graph_is_built(
         assert message.count("(PTX ISA") == 1  # the other worker reported no device: not judged
 
 
+@pytest.mark.slow
 def test_facts_are_asked_again_once_stale(monkeypatch):
-    with dg.LocalGPUCluster(simulate=True, devices=1, dashboard_address=None) as cluster, \
+    with dg.LocalGPUCluster(simulate=True, devices=1, processes=False,
+                            dashboard_address=None) as cluster, \
             Client(cluster):
         cluster_facts.gpu_clusters.clear()
         first = cluster_facts.cluster_facts()
@@ -74,6 +71,7 @@ def test_facts_are_asked_again_once_stale(monkeypatch):
         assert asked == [1]
 
 
+@pytest.mark.slow
 @pytest.mark.gpu
 def test_real_gpu_workers_report_their_device_and_the_map_runs():
     with dask.config.set({"daskgpu.simulate": False}), \

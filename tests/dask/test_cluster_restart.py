@@ -17,7 +17,7 @@ import time
 import dask
 import pytest
 from distributed import Client
-from restart_helpers import SLOW_MODULE, lose_the_context
+from kit.restart import SLOW_MODULE, lose_the_context
 
 import daskgpu as dg
 

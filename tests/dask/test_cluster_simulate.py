@@ -5,6 +5,7 @@ A module of its own: no other cluster is open while these tests run.
 
 import dask
 import numpy as np
+import pytest
 from distributed import Client
 from numba import cuda
 
@@ -32,6 +33,7 @@ def _simulated():
     return dg.LocalGPUCluster(simulate=True, processes=False, dashboard_address=":0")
 
 
+@pytest.mark.slow
 def test_two_simulated_clusters_each_keep_working_when_the_other_closes():
     with dask.config.set({"daskgpu.simulate": False}):
         first = _simulated()
@@ -49,6 +51,7 @@ def test_two_simulated_clusters_each_keep_working_when_the_other_closes():
         assert backends.current().simulated is False
 
 
+@pytest.mark.slow
 def test_the_setting_comes_back_when_the_last_simulated_cluster_closes():
     with dask.config.set({"daskgpu.simulate": False}):
         with _simulated() as c:
@@ -98,6 +101,7 @@ if __name__ == "__main__":
 '''
 
 
+@pytest.mark.slow
 def test_the_readme_cluster_pattern_closes_what_it_opens(tmp_path):
     # In a fresh process, as a user's script: the nanny processes are gone at the block's
     # end, the setting is as it was, and no worker had to be killed on the way out.
@@ -129,6 +133,7 @@ def fill(a):  # compiled by the caller: dg.jit(sig)(edited_kernel.fill), as batc
 '''
 
 
+@pytest.mark.slow
 def test_a_long_lived_simulated_cluster_runs_the_edited_kernel(tmp_path, monkeypatch):
     # The workers import the kernel's module once; after an edit the client ships the new
     # image, and the workers must run its code, not their stale copy of the module.

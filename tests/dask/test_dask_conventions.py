@@ -5,7 +5,7 @@ import dask
 import dask.array as da
 import numpy as np
 import pytest
-from distributed import Client, progress, wait
+from distributed import progress, wait
 from numba import cuda
 
 import daskgpu as dg
@@ -64,13 +64,6 @@ def test_default_name_is_the_kernel_and_a_token(x):
     with dask.config.set({"daskgpu.simulate": True}):
         z = dg.map_kernel(scale, dg.Out(np.float64, like=x), 2.0, x)
         assert z.name.startswith("scale-") and len(z.name) > len("scale-") + 16
-
-
-@pytest.fixture(scope="module")
-def client():
-    with dg.LocalGPUCluster(simulate=True, processes=False, dashboard_address=None) as c, \
-            Client(c) as client:
-        yield client
 
 
 def test_distributed_progress_follows_map_kernel_results(client, x, capsys):

@@ -8,19 +8,12 @@ import dask.array as da
 import numpy as np
 import pytest
 from distributed import Client, wait
-from numba import cuda
+from kit.kernels import saxpy
 
 import daskgpu as dg
 
 pytestmark = pytest.mark.gpu
 EXAMPLE = pathlib.Path(__file__).resolve().parents[2] / "examples" / "dask_cuda.py"
-
-
-@dg.jit("void(float32[::1], float32, float32[::1], float32[::1])")
-def saxpy(out, a, x, y):
-    i = cuda.grid(1)
-    if i < out.size:
-        out[i] = a * x[i] + y[i]
 
 
 @pytest.fixture(scope="module")

@@ -79,6 +79,7 @@ def result_after_killing_a_worker(client, future, holding=None, timeout=240):
     return result
 
 
+@pytest.mark.slow
 def test_worker_killed_mid_job_result_is_complete():
     import dask.array as da
     from distributed import Client
@@ -92,6 +93,7 @@ def test_worker_killed_mid_job_result_is_complete():
     np.testing.assert_array_equal(result, 2 * xn)
 
 
+@pytest.mark.slow
 @pytest.mark.gpu
 def test_gpu_worker_killed_mid_job_result_is_complete():
     import dask.array as da
@@ -110,6 +112,7 @@ def test_gpu_worker_killed_mid_job_result_is_complete():
     np.testing.assert_array_equal(result, 2 * np.arange(n, dtype=np.float32))
 
 
+@pytest.mark.slow
 def test_a_task_that_loses_the_cuda_context_fails_and_its_worker_is_replaced():
     # The runtime raises ContextLostError after a sticky CUDA error, and that is
     # all it does; the GPUWorkerPlugin closes the worker and its nanny starts a
@@ -208,6 +211,7 @@ def ones(a):
         a[i] = 1.0
 
 
+@pytest.mark.slow
 @pytest.mark.gpu
 def test_illegal_address_fails_the_task_and_the_worker_is_replaced():
     from distributed import Client
@@ -234,6 +238,7 @@ def test_illegal_address_fails_the_task_and_the_worker_is_replaced():
         assert (again.result(timeout=60) == 1).all()
 
 
+@pytest.mark.slow
 @pytest.mark.gpu
 def test_on_a_gpu_a_map_submitted_right_after_one_that_loses_the_context_runs():
     import dask.array as da

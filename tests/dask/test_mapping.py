@@ -8,6 +8,8 @@ import dask
 import dask.array as da
 import numpy as np
 import pytest
+from kit.kernels import saxpy as saxpy_eager
+from kit.kernels import saxpy_lazy as saxpy
 from layers import EXPRESSIONS, hlg_only
 from numba import cuda
 
@@ -15,28 +17,7 @@ import daskgpu as dg
 from daskgpu._dask.map_kernel.chunk_task import ChunkLaunch
 from daskgpu._dask.placement import LAUNCH_SHARE, runs_launch
 
-
-@pytest.fixture
-def simulate():
-    with dask.config.set({"daskgpu.simulate": True, "scheduler": "sync"}):
-        yield
-
-
 # -- kernels ------------------------------------------------------------------
-
-@dg.jit
-def saxpy(out, a, x, y):
-    i = cuda.grid(1)
-    if i < out.size:
-        out[i] = a * x[i] + y[i]
-
-
-@dg.jit("void(float32[::1], float32, float32[::1], float32[::1])")
-def saxpy_eager(out, a, x, y):
-    i = cuda.grid(1)
-    if i < out.size:
-        out[i] = a * x[i] + y[i]
-
 
 @dg.jit
 def add_row(out, x, b):

@@ -2,20 +2,14 @@
 
 from __future__ import annotations
 
-import dask
 import dask.array as da
 import numpy as np
 import pytest
+from kit.kernels import saxpy
 from layers import hlg_only
 from numba import cuda
 
 import daskgpu as dg
-
-
-@pytest.fixture
-def simulate():
-    with dask.config.set({"daskgpu.simulate": True, "scheduler": "sync"}):
-        yield
 
 
 @dg.jit
@@ -30,13 +24,6 @@ def keep_unmasked(out, x, mask):
     i = cuda.grid(1)
     if i < x.size:
         out[i] = 0 if mask[i] else x[i]
-
-
-@dg.jit("void(float32[::1], float32, float32[::1], float32[::1])")
-def saxpy(out, a, x, y):
-    i = cuda.grid(1)
-    if i < out.size:
-        out[i] = a * x[i] + y[i]
 
 
 @pytest.fixture

@@ -10,23 +10,11 @@ import dask
 import dask.array as da
 import numpy as np
 import pytest
+from kit.kernels import saxpy_lazy as saxpy
 from numba import cuda
 
 import daskgpu as dg
 from daskgpu._dask.map_kernel import chunk_task
-
-
-@pytest.fixture
-def simulate():
-    with dask.config.set({"daskgpu.simulate": True, "scheduler": "sync"}):
-        yield
-
-
-@dg.jit
-def saxpy(out, a, x, y):
-    i = cuda.grid(1)
-    if i < out.size:
-        out[i] = a * x[i] + y[i]
 
 
 @dg.jit

@@ -8,8 +8,8 @@ import dask
 import dask.array as da
 import numpy as np
 import pytest
+from kit.kernels import saxpy_lazy as saxpy
 from layers import EXPRESSIONS, hlg_only, launch_keys
-from numba import cuda
 
 import daskgpu as dg
 from daskgpu._bounded import BoundedCache
@@ -17,13 +17,6 @@ from daskgpu._dask import cluster_facts
 from daskgpu._dask.map_kernel import api as mapping
 from daskgpu._dask.map_kernel import chunk_task, graph_hlg
 from daskgpu._dask.placement import LAUNCH_SHARE
-
-
-@dg.jit
-def saxpy(out, a, x, y):
-    i = cuda.grid(1)
-    if i < out.size:
-        out[i] = a * x[i] + y[i]
 
 
 def test_the_launch_cache_is_bounded():
@@ -50,6 +43,7 @@ def test_gpu_clusters_remember_only_a_bounded_few():
     assert "tcp://c:1" in seen and "tcp://a:1" not in seen
 
 
+@pytest.mark.slow
 def test_a_gpu_cluster_is_asked_for_its_workers_once():
     pytest.importorskip("distributed")
     from distributed import Client, LocalCluster

@@ -111,12 +111,6 @@ def reversed_in_block(out, x):
         out[i] = tile[cuda.blockDim.x - 1 - t]
 
 
-@pytest.fixture
-def simulate():
-    with dask.config.set({"daskgpu.simulate": True, "scheduler": "sync"}):
-        yield
-
-
 def test_static_shared_memory_needs_tpb(simulate):
     # Before, the simulator's block size happened to be 64 and this passed; on a GPU the
     # occupancy API may choose another, and the shared array overflows silently.

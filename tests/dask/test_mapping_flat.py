@@ -13,12 +13,6 @@ from numba import cuda
 import daskgpu as dg
 
 
-@pytest.fixture
-def simulate():
-    with dask.config.set({"daskgpu.simulate": True, "scheduler": "sync"}):
-        yield
-
-
 def _lazy_scale():
     @dg.jit
     def scale(out, a, x):

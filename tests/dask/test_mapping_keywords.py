@@ -2,19 +2,12 @@
 
 from __future__ import annotations
 
-import dask
 import dask.array as da
 import numpy as np
 import pytest
 from numba import cuda
 
 import daskgpu as dg
-
-
-@pytest.fixture
-def simulate():
-    with dask.config.set({"daskgpu.simulate": True, "scheduler": "sync"}):
-        yield
 
 
 @dg.jit

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from fractions import Fraction
 
-import dask
 import dask.array as da
 import numpy as np
 import pytest
@@ -27,12 +26,6 @@ from daskgpu._dask.map_kernel.arg_kinds import (
     classify,
 )
 from daskgpu._dask.map_kernel.chunk_params import ValueParam
-
-
-@pytest.fixture
-def simulate():
-    with dask.config.set({"daskgpu.simulate": True, "scheduler": "sync"}):
-        yield
 
 
 @dg.jit

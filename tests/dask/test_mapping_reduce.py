@@ -12,12 +12,6 @@ from numba import cuda
 import daskgpu as dg
 
 
-@pytest.fixture
-def simulate():
-    with dask.config.set({"daskgpu.simulate": True, "scheduler": "sync"}):
-        yield
-
-
 @dg.jit
 def histogram4(counts, x):
     i = cuda.grid(1)

@@ -115,6 +115,7 @@ def _launch_tasks_run_on(client, collection) -> tuple:
     return result, counts, len(launching)
 
 
+@pytest.mark.slow
 def test_no_launch_runs_on_the_plain_worker_with_default_settings(mixed_cluster):
     client = mixed_cluster
     plain = _plain_worker(client)
@@ -127,6 +128,7 @@ def test_no_launch_runs_on_the_plain_worker_with_default_settings(mixed_cluster)
     assert counts.get(plain, 0) == 0, counts
 
 
+@pytest.mark.slow
 def test_every_launch_task_on_the_scheduler_is_restricted_to_gpus(mixed_cluster):
     client = mixed_cluster
     x = da.ones(8 * 32, dtype=np.float32, chunks=32)
@@ -176,6 +178,7 @@ def test_the_launch_and_its_chunk_are_found_inside_fused_tasks(blocks):
         assert device_bytes(task, scheduler) == 8 * x.chunks[0][key[1]], key
 
 
+@pytest.mark.slow
 def test_a_client_that_does_not_simulate_ships_python_to_simulated_workers(mixed_cluster):
     # The workers were started by hand with DASK_DASKGPU__SIMULATE=1; this client is not.
     client = mixed_cluster
@@ -205,6 +208,7 @@ def saxpy(out, a, x, y):
 '''
 
 
+@pytest.mark.slow
 def test_daskgpu_batch_runs_on_a_simulated_cluster_started_by_hand(mixed_cluster, tmp_path):
     (tmp_path / "kernels.py").write_text(_KERNELS)
     x = np.arange(400, dtype=np.float32)
@@ -244,6 +248,7 @@ def test_a_scheduler_that_refuses_the_plugin_is_named_once(caplog):
     assert "install daskgpu where the scheduler runs" in record.getMessage()
 
 
+@pytest.mark.slow
 def test_a_gpu_worker_runs_as_many_launches_at_once_as_it_has_threads():
     # The restriction places launches; it does not make them wait for each other
     # (GPU=1 ran them one at a time, while map_blocks of the same work used every thread).
@@ -265,6 +270,7 @@ def test_a_gpu_worker_runs_as_many_launches_at_once_as_it_has_threads():
         assert (y.compute() == 2.0).all()
 
 
+@pytest.mark.slow
 def test_a_launch_that_asks_for_the_whole_gpu_keeps_it():
     # The README's way to keep each launch alone on its GPU: the placement plugin
     # keeps the larger of what the task asked and its share.

@@ -249,6 +249,7 @@ def test_a_launch_no_worker_can_take_fails_after_the_timeout_naming_what_it_asks
         assert time.monotonic() - started < 30
 
 
+@pytest.mark.slow
 def test_without_the_setting_simulated_workers_offer_no_memory():
     # (This module's cluster sets it while it is open.)
     with dask.config.set({"daskgpu.device-memory": None}), \
@@ -260,6 +261,7 @@ def test_without_the_setting_simulated_workers_offer_no_memory():
         np.testing.assert_array_equal(out, 2 * np.arange(1000, dtype=np.float32))
 
 
+@pytest.mark.slow
 @pytest.mark.gpu
 def test_a_gpu_worker_offers_its_device_less_the_margin():
     from daskgpu._runtime import backends
@@ -289,6 +291,7 @@ def slow_double(out, x, ms):
         out[i] = 2 * v
 
 
+@pytest.mark.slow
 @pytest.mark.gpu
 def test_on_a_gpu_large_chunks_run_one_at_a_time_and_small_ones_four_at_a_time():
     # A 1 GiB offer; each large chunk needs 640 MB on the device (320 MB in, 320 MB out).
@@ -313,3 +316,11 @@ def test_on_a_gpu_large_chunks_run_one_at_a_time_and_small_ones_four_at_a_time()
             wait(client.persist(z))
         assert _launch_tasks(ts.data, "slow_double-") == 8
         assert _most_at_once(ts.data, "slow_double-") == 4
+
+
+def test_a_margin_at_or_above_the_device_memory_is_refused_not_an_offer_of_nothing():
+    from daskgpu._dask.placement import memory_offer
+
+    with dask.config.set({"daskgpu.device-memory-margin": "2GiB"}):
+        with pytest.raises(dg.ConfigError, match="device-memory-margin"):
+            memory_offer(2**30, simulated=False)

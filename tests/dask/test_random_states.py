@@ -17,12 +17,6 @@ from numba.cuda.random import (
 import daskgpu as dg
 
 
-@pytest.fixture
-def simulate():
-    with dask.config.set({"daskgpu.simulate": True, "scheduler": "sync"}):
-        yield
-
-
 @dg.jit
 def uniform_pairs(first, second, states):
     i = cuda.grid(1)

@@ -7,18 +7,12 @@ import dask
 import numpy as np
 import pytest
 from distributed import Client
+from kit.kernels import saxpy
 from numba import cuda
 
 import daskgpu as dg
 
 N = 100
-
-
-@dg.jit("void(float32[::1], float32, float32[::1], float32[::1])")
-def saxpy(out, a, x, y):
-    i = cuda.grid(1)
-    if i < out.size:
-        out[i] = a * x[i] + y[i]
 
 
 @dg.jit("void(float32[::1], float32[::1], float32[::1])")

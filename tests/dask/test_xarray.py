@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dask
 import dask.array as da
 import numpy as np
 import pytest
@@ -12,12 +11,6 @@ from numba import cuda
 import daskgpu as dg
 
 xr = pytest.importorskip("xarray")
-
-
-@pytest.fixture
-def simulate():
-    with dask.config.set({"daskgpu.simulate": True, "scheduler": "sync"}):
-        yield
 
 
 @dg.jit

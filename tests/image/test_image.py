@@ -62,6 +62,7 @@ def test_pickle_round_trip_is_equal_with_a_stable_hash():
     assert back.versions == IMAGE.versions
 
 
+@pytest.mark.slow
 def test_hash_is_the_same_in_another_process():
     code = textwrap.dedent("""
         import pickle, sys

@@ -8,7 +8,6 @@ in tests/runtime/gpu/test_kernel_errors_gpu.py.
 
 import inspect
 
-import dask.config
 import numpy as np
 import pytest
 from numba import cuda
@@ -19,10 +18,7 @@ from daskgpu._runtime import faults
 dg._config.register()
 
 
-@pytest.fixture(autouse=True)
-def simulate():
-    with dask.config.set({"daskgpu.simulate": True}):
-        yield
+pytestmark = pytest.mark.usefixtures("simulate")  # every test here runs simulated
 
 
 def _line_of(fn, text: str) -> int:

@@ -171,12 +171,14 @@ def _run_without_numba(script, *args):
     )
 
 
+@pytest.mark.slow
 def test_load_needs_no_numba(bundle, bundle_kernels):
     proc = _run_without_numba(_NO_NUMBA, bundle)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == repr(bundle_kernels.saxpy.signatures)
 
 
+@pytest.mark.slow
 @pytest.mark.gpu
 def test_loaded_bundle_launches_without_numba(bundle):
     script = _NO_NUMBA + """

@@ -162,6 +162,7 @@ _UNPICKLE_WITHOUT_NUMBA = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("simulate", [False, True])
 def test_unpickle_launch_without_numba(simulate):
     with dask.config.set({"daskgpu.simulate": simulate}):

@@ -6,8 +6,8 @@ import pickle
 import dask
 import numpy as np
 import pytest
-from meter_helpers import Seen
-from numba import cuda
+from kit.kernels import saxpy
+from kit.meter import Seen
 
 import daskgpu as dg
 from daskgpu._runtime import metrics
@@ -15,13 +15,6 @@ from daskgpu._runtime import metrics
 # Read a setting with dask loaded, so daskgpu's defaults are registered before any
 # dask.config.set below (see test_public_api.py::test_config_set_keeps_the_defaults).
 dg._config.get("target-cc")
-
-
-@dg.jit("void(float32[::1], float32, float32[::1], float32[::1])")
-def saxpy(out, a, x, y):
-    i = cuda.grid(1)
-    if i < out.size:
-        out[i] = a * x[i] + y[i]
 
 
 def _simulated_saxpy(launch=None):

@@ -9,6 +9,7 @@ import types as pytypes
 import dask
 import numpy as np
 import pytest
+from kit.kernels import saxpy
 from numba import cuda
 from numba.cuda.dispatcher import CUDADispatcher
 
@@ -19,12 +20,6 @@ import daskgpu as dg
 dg._config.get("target-cc")
 
 
-@pytest.fixture
-def simulate():
-    with dask.config.set({"daskgpu.simulate": True}):
-        yield
-
-
 @cuda.jit(device=True)
 def square(x):
     return x * x
@@ -33,13 +28,6 @@ def square(x):
 @cuda.jit(device=True)
 def poly(x):
     return square(x) + 2 * x  # a device function calling another
-
-
-@dg.jit("void(float32[::1], float32, float32[::1], float32[::1])")
-def saxpy(out, a, x, y):
-    i = cuda.grid(1)
-    if i < out.size:
-        out[i] = a * x[i] + y[i]
 
 
 @dg.jit("void(float64[:, :], float64[:, :])")
@@ -139,6 +127,7 @@ def test_pickled_kernel_simulates_after_unpickling():
     np.testing.assert_allclose(out, x * x + 2 * x)
 
 
+@pytest.mark.slow
 def test_pickled_kernel_simulates_in_a_fresh_process():
     def local_kernel():
         def halve(out, x):

@@ -12,10 +12,7 @@ from daskgpu._runtime.simulator import device_limits
 dg._config.get("target-cc")  # registers the defaults before dask.config.set
 
 
-@pytest.fixture(autouse=True)
-def simulate():
-    with dask.config.set({"daskgpu.simulate": True}):
-        yield
+pytestmark = pytest.mark.usefixtures("simulate")  # every test here runs simulated
 
 
 @dg.jit("void(float32[::1])")

@@ -23,6 +23,7 @@ def _device_used():
     return total - free
 
 
+@pytest.mark.slow
 def test_ten_thousand_launches_and_two_thousand_tasks():
     from distributed import Client
 

@@ -31,11 +31,13 @@ SECTIONS = {
     "host-copies": host.bench_host_copies,
     "map-device": device.bench_map_device,
     "chain": host.bench_chain,
+    "chain-graphs": overhead.bench_chain_graphs,
     "compute": compute.bench_compute,
     "scaling": compute.bench_scaling,
     "reductions": reductions.bench_reductions,
     "scale": scale.bench_scale,
     "sharing": compute.bench_sharing,
+    "small-chunks": scale.bench_small_chunks,
 }
 
 
@@ -107,7 +109,8 @@ def main(argv=None) -> int:
                 parser.error(f"unknown section {name!r}; choose from {', '.join(SECTIONS)}")
             result = run_section(name, cluster)
             rows += result
-            print(table(result), flush=True)
+            if result:  # a section that cannot run here says why in one line instead
+                print(table(result), flush=True)
         if args.json:
             with open(args.json, "w") as f:
                 json.dump(rows, f, indent=2)

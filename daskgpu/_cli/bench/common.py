@@ -309,11 +309,12 @@ class _Placed(LaunchTask):
     default, drops layer annotations on the way to the scheduler.
     """
 
-    __slots__ = ("func",)
-    timeout = None
-
     def __init__(self, func):
         self.func = func
+
+    @property
+    def timeout(self) -> None:
+        return None
 
     def __reduce__(self):
         return _Placed, (self.func,)

@@ -1,8 +1,11 @@
-"""The sections ``launch`` and ``submit``: what one call costs on top of the work.
+"""The sections ``launch``, ``chain-graphs`` and ``submit``: what one call costs on top
+of the work.
 
 ``launch`` times the host's share of a warm launch on device arrays, against
-a Numba dispatcher and against ``cuLaunchKernel`` itself; ``submit`` a Dask
-task round trip that launches, against one that does not.
+a Numba dispatcher and against ``cuLaunchKernel`` itself; ``chain-graphs`` a
+long fused chain on small host chunks replayed from one captured CUDA graph,
+against the same tasks launching kernel by kernel; ``submit`` a Dask task
+round trip that launches, against one that does not.
 """
 
 from __future__ import annotations
@@ -115,3 +118,92 @@ def bench_submit(cluster: BenchCluster, n: int = 200, size: int = 1024) -> dict:
     base = [t / n for t in timed(lambda: loop(plain))]
     return ratio(f"client.submit round trip per task ({size} float32)", dg, base, "ms",
                  "plain Dask task moving the same arrays", goal=1.2, scale=1e3)
+
+
+def bench_chain_graphs(chunks: int = 2000, chunk_elements: int = 256, launches: int = 8,
+                       repeat: int = 3) -> list:
+    """A chain of ``launches`` fused ``map_kernel``s on small host chunks: the fused tasks
+    replayed from one captured CUDA graph, against the same tasks launching kernel by
+    kernel (``daskgpu.chain-graphs`` 0); per chunk, in this process, without Dask.
+
+    Each of ``chunks`` chunks of ``chunk_elements`` float32 goes through ``saxpy``
+    ``launches`` times (``z = 2 z + y``). Both ways run the very tasks a
+    ``map_kernel`` graph holds, on the same chunks, and must give equal results.
+    Without a GPU (or with ``daskgpu.simulate`` on) it says so in one line and
+    gives no row.
+    """
+    import dask
+
+    from daskgpu._runtime import backends
+    from daskgpu._runtime.gpu.chains.graphs import chain_graphs
+
+    devices = backends.GPU.devices()
+    if backends.current().simulated or not devices.names:
+        reason = "daskgpu.simulate is on" if devices.names else devices.reason or "no GPU"
+        print(f"chain-graphs: skipped, it needs a GPU ({reason})", flush=True)
+        return []
+    rng = np.random.default_rng(0)
+    n = chunks * chunk_elements
+    xn, yn = rng.random(n, dtype=np.float32), rng.random(n, dtype=np.float32)
+    tasks = chain_tasks(xn, yn, chunk_elements, launches)
+
+    def run(least):
+        with dask.config.set({"daskgpu.chain-graphs": least}):
+            return [launch(*values) for launch, values in tasks]
+
+    before = chain_graphs.captures
+    apart, graphed = run(0), run(launches)  # warm: links; the graph is captured
+    captured = chain_graphs.captures - before
+    for one, other in zip(apart, graphed):
+        np.testing.assert_array_equal(one, other)
+    want = xn[:chunk_elements].astype(np.float64)
+    for _ in range(launches):
+        want = 2 * want + yn[:chunk_elements]
+    np.testing.assert_allclose(graphed[0], want, rtol=1e-5)
+    separate, graph = [], []
+    for _ in range(repeat):  # side by side, in turns
+        separate += timed(lambda: run(0), 1)
+        graph += timed(lambda: run(launches), 1)
+    return [ratio(f"{launches}-kernel fused chain, {chunks} chunks of {chunk_elements} "
+                  f"float32 ({captured} graph captured)", graph, separate, "us",
+                  "the same tasks launching kernel by kernel (daskgpu.chain-graphs 0)",
+                  goal=0.5, scale=1e6 / chunks)]
+
+
+def chain_tasks(xn, yn, chunk_elements: int, launches: int) -> list:
+    """``(fused launch, its values and place)`` of each task of a chain of ``launches``
+    saxpy maps over ``xn`` and ``yn`` in chunks of ``chunk_elements``: what the graph's
+    tasks run, their chunks looked up here."""
+    import dask.array as da
+    from dask._task_spec import DataNode, TaskRef
+
+    import daskgpu as dg
+    from daskgpu._cli.bench import kernels as k
+
+    x, y = da.from_array(xn, chunks=chunk_elements), da.from_array(yn, chunks=chunk_elements)
+    z = x
+    for _ in range(launches):
+        # One launch per chunk: what a graph replays is measured on the chunks as given.
+        z = dg.map_kernel(k.saxpy, dg.Out(np.float32, like=x), np.float32(2.0), z, y,
+                          group=False)
+    graph = dict(z.__dask_graph__())
+    arrays = {x.name: xn, y.name: yn}
+    chunks = {}  # one object per key, as a worker holds it: every launch reads y's chunk
+
+    def value(arg):
+        if isinstance(arg, DataNode):
+            return arg.value
+        if isinstance(arg, TaskRef):
+            name, *index = arg.key if isinstance(arg.key, tuple) else (arg.key,)
+            if name in arrays:  # a chunk of an input
+                start = index[0] * chunk_elements
+                return chunks.setdefault(arg.key, arrays[name][start:start + chunk_elements])
+            return value(graph[arg.key])  # the launch, a key of its own in a large graph
+        return arg
+
+    tasks = []
+    for i in range(z.npartitions):
+        task = graph[(z.name, i)]
+        launch, *values = (value(a) for a in task.args)
+        tasks.append((launch, tuple(values)))
+    return tasks

@@ -124,12 +124,14 @@ def ones(chunks: int):
     return da.ones(chunks * CHUNK, chunks=CHUNK, dtype=np.float32)
 
 
-def saxpy(x, name=None):
-    """``2 x + x`` by ``map_kernel`` and the bench's saxpy kernel: daskgpu's graph."""
+def saxpy(x, name=None, group=False):
+    """``2 x + x`` by ``map_kernel`` and the bench's saxpy kernel: daskgpu's graph, one
+    launch per chunk (what a task costs is measured here), or grouped with ``group``."""
     import daskgpu as dg
     from daskgpu._cli.bench import kernels as k
 
-    return dg.map_kernel(k.saxpy, dg.Out(np.float32, like=x), np.float32(2.0), x, x, name=name)
+    return dg.map_kernel(k.saxpy, dg.Out(np.float32, like=x), np.float32(2.0), x, x, name=name,
+                         group=group)
 
 
 def add(x, name=None):
@@ -287,3 +289,67 @@ def _compute_row(cluster: BenchCluster, count: int, repeat: int) -> dict:
         base.append(per_chunk(add, "scale-add"))
     return ratio(f"client.compute per chunk, {count:,} chunks of {CHUNK} float32", ours, base,
                  "us", BASELINE, goal=1.5, scale=1e6)
+
+
+#: Elements (float32) of each chunk of the small-chunks section: 1 KiB, a chunk far
+#: smaller than a launch should be.
+SMALL_CHUNK = 256
+
+
+def bench_small_chunks(cluster: BenchCluster, counts=(10_000, 100_000), measured: int = 10_000,
+                       repeat: int = 2) -> list:
+    """``map_kernel`` over many small chunks end to end, against ``da.map_blocks``.
+
+    An array of ``count`` chunks of :data:`SMALL_CHUNK` float32 (read by
+    ``da.from_array`` from host memory) mapped by the bench's saxpy, its result
+    gathered, with launches grouped as by default
+    (``daskgpu.launch-bytes``), against ``da.map_blocks`` calling the same
+    Numba kernel on each chunk of the same array on the same cluster (goal
+    0.1). ``da.map_blocks`` is measured at ``measured`` chunks and, beyond,
+    extrapolated from there per chunk, as the row says; the per-chunk row's
+    goal is 50 us.
+    """
+    import dask.array as da
+
+    from daskgpu._cli.bench.common import numba_chunk
+
+    client = cluster.start()
+    base_per_chunk = None
+    rows = []
+    for count in counts:
+        xn = np.arange(count * SMALL_CHUNK, dtype=np.float32)
+
+        def ours_once(xn=xn):
+            x = da.from_array(xn, chunks=SMALL_CHUNK)
+            t0 = time.perf_counter()
+            result = client.compute(saxpy(x, name=unique("small"), group=None)).result()
+            seconds = time.perf_counter() - t0
+            assert np.array_equal(result, 3 * xn), "map_kernel over small chunks"
+            return seconds
+
+        def base_once(xn=xn):
+            x = da.from_array(xn, chunks=SMALL_CHUNK)
+            t0 = time.perf_counter()
+            result = client.compute(da.map_blocks(
+                numba_chunk, x, x, dtype=np.float32, meta=np.empty((0,), np.float32),
+                name=unique("small-base"))).result()
+            seconds = time.perf_counter() - t0
+            assert np.allclose(result, 3 * xn), "map_blocks over small chunks"
+            return seconds
+
+        ours = [ours_once() for _ in range(repeat)]
+        if count <= measured:
+            base = [base_once() for _ in range(repeat)]
+            base_per_chunk = min(base) / count
+            label = "da.map_blocks + Numba kernel per chunk, same cluster and array"
+        else:
+            base = [base_per_chunk * count] if base_per_chunk else [float("nan")]
+            label = (f"da.map_blocks + Numba kernel per chunk, extrapolated from "
+                     f"{measured:,} chunks")
+        rows.append(ratio(f"map over {count:,} chunks of {SMALL_CHUNK} float32, end to end",
+                          ours, base, "s", label, goal=0.1))
+        if count > measured:
+            rows.append(ratio(f"map over {count:,} chunks of {SMALL_CHUNK} float32, per chunk",
+                              [min(ours) / count], [50e-6], "us", "50 us a chunk (the goal)",
+                              goal=1.0, scale=1e6))
+    return rows

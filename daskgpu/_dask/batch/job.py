@@ -39,7 +39,7 @@ from daskgpu._dask.batch.inputs import resolve_inputs
 from daskgpu._dask.batch.plan import PlannedJob, argument_order, misfit_error, plan_job
 from daskgpu._dask.batch.progress import BatchStart, as_progress
 from daskgpu._dask.batch.report import BatchReport, describe_failure
-from daskgpu._dask.batch.stopping import WORKER_PRELOAD, held_signals
+from daskgpu._dask.batch.stopping import WORKER_PRELOAD, held_signals, spawned_without_sigint
 from daskgpu._dask.batch.store import ChunkCheck, ChunkWriter, check_no_overlap, output_paths
 from daskgpu._errors import BatchError, CompileError
 from daskgpu._runtime import backends
@@ -179,6 +179,9 @@ def run_batch(kernel, inputs, outputs, *, scalars=(), order=None, chunks=None, c
         if job is not None:  # counted once a local cluster has finished its chunks
             exc.add_note(f"daskgpu batch interrupted: {job.written()}/{len(job.grid)} "
                          "chunks written; run the same job again to compute only the rest")
+        else:
+            exc.add_note("daskgpu batch interrupted while planning the job, before any "
+                         "chunk was computed; run it again to start it")
         raise
 
 
@@ -244,7 +247,7 @@ def local_client(stack, devices=None, simulate=None):
     # Ctrl-C reaches the whole process group: the workers ignore it (their
     # preload), and are closed by this process, which reports. One that comes
     # while they start is acted on once the cluster is up, to close it properly.
-    with held_signals():
+    with held_signals(), spawned_without_sigint():
         cluster = stack.enter_context(LocalGPUCluster(
             devices=devices, simulate=simulate, security=True,
             dashboard_address="127.0.0.1:0", preload=[WORKER_PRELOAD],
@@ -306,7 +309,8 @@ def _write_tasks(job):
     arguments = [Out(a, like=job.first) if isinstance(a, np.dtype) else a
                  for a in job.arguments]
     try:
-        results = map_kernel(job.kernel, *arguments)
+        # One launch per stored chunk: a write task and the ledger go by stored chunk.
+        results = map_kernel(job.kernel, *arguments, group=False)
     except (TypeError, CompileError) as exc:
         raise misfit_error(job.kernel, job.order, job.arguments, exc) from None
     results = (results,) if not isinstance(results, tuple) else results

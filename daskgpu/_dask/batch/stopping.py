@@ -13,9 +13,11 @@ whatever handlers were in place before, so that the cluster is closed
 properly. Ctrl-C reaches the terminal's whole process group, and a worker that
 took it would die under its running chunks, with a traceback: the batch's
 workers load this module as a preload (:data:`WORKER_PRELOAD`), whose
-:func:`dask_setup` makes them ignore SIGINT. (Ignoring SIGINT in this process
-while they start, as they would inherit it, would throw away a Ctrl-C; blocking
-it is not inherited by spawned processes.)
+:func:`dask_setup` makes them ignore SIGINT, and until then
+(:func:`spawned_without_sigint`) they are spawned with SIGINT blocked, by
+threads that inherit the block from the thread that starts the cluster.
+(Ignoring SIGINT in this process while they start, as they would inherit it,
+would throw away a Ctrl-C.)
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import signal
 import threading
 
 __all__ = ["WORKER_PRELOAD", "Terminated", "dask_setup", "held_signals",
-           "terminate_as_interrupt"]
+           "spawned_without_sigint", "terminate_as_interrupt"]
 
 #: The signals a run stops on.
 STOPS = (signal.SIGINT, signal.SIGTERM)
@@ -94,6 +96,33 @@ def dask_setup(worker) -> None:
     """
     if _on_main_thread():
         signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+@contextlib.contextmanager
+def spawned_without_sigint():
+    """While inside, SIGINT is blocked in this thread, so in the threads started inside
+    (a cluster's event loop, the threads that spawn its workers) and in the processes
+    they spawn, which keep it blocked through exec.
+
+    A worker process still importing, before its preload (:func:`dask_setup`)
+    ignores SIGINT, is then not killed with a ``KeyboardInterrupt`` traceback by a
+    Ctrl-C to the whole process group. This process still takes the signal: in a
+    thread started before, or, held pending, on leaving. Outside the main thread
+    nothing changes.
+    """
+    if not _on_main_thread():
+        yield
+        return
+    from multiprocessing import resource_tracker
+
+    # Started now, before the block: it blocks SIGINT around its own spawn and then
+    # unblocks it, which would undo this block in whichever thread started it.
+    resource_tracker.ensure_running()
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
 
 
 @contextlib.contextmanager

@@ -46,7 +46,7 @@ __all__ = ["Out", "graph_layer", "map_kernel", "offset"]
 
 def map_kernel(kernel, *args, depth=None, boundary=None, tpb=0, name=None, grid_ndim=None,
                split_every=None, token=None, dtype=None, meta=None, chunks=None,
-               drop_axis=None, new_axis=None, timeout=None):
+               drop_axis=None, new_axis=None, timeout=None, group=None):
     """Launch ``kernel`` once per chunk of dask arrays; return its outputs lazily.
 
     Parameters
@@ -133,6 +133,21 @@ def map_kernel(kernel, *args, depth=None, boundary=None, tpb=0, name=None, grid_
         replaced (its nanny starts a fresh one on the same GPU), which frees
         the GPU of a kernel that would not end; the other tasks that were
         running on that worker run again elsewhere, as after a lost worker.
+    group : bool or int or str, optional
+        Launches sized for the GPU rather than for the storage. A map whose
+        chunks each need less than a quarter of ``daskgpu.launch-bytes``
+        (32 MiB by default; at most a quarter of a worker's ``GPU-memory``) of
+        device memory merges neighbouring chunks, never splitting one, into
+        groups that need about that much, and launches once per group: Dask
+        runs a few thousand tasks a second at best, and a launch over a small
+        chunk leaves the GPU idle. The outputs then have the grouped chunks;
+        results are the same. Not done with ``chunks=``, or with a per-chunk
+        output that keeps one element per launch (no ``combine=`` over every
+        mapped axis). None or True: the setting; False: no grouping; a size
+        (bytes, or a string such as ``"64 MiB"``): that target. On Dask's array
+        expressions an input read by ``da.from_array`` reads the larger pieces
+        itself; otherwise each group is one concatenating task before its
+        launch.
 
     Returns
     -------
@@ -207,7 +222,7 @@ def map_kernel(kernel, *args, depth=None, boundary=None, tpb=0, name=None, grid_
     The same over a 2-D array, summed along axis 1 only: one histogram per
     block of rows (a ``cuda.grid(1)`` kernel sees the 2-D chunks flat):
 
-    >>> x = da.arange(24, chunks=6).reshape(4, 6).rechunk((2, 3))
+    >>> x = da.from_array(np.arange(24).reshape(4, 6), chunks=(2, 3))
     >>> with dask.config.set({"daskgpu.simulate": True}):
     ...     rows = dg.map_kernel(hist, dg.Out(np.int64, per_chunk=4, combine="sum", axis=1), x)
     ...     rows.compute()
@@ -225,7 +240,7 @@ def map_kernel(kernel, *args, depth=None, boundary=None, tpb=0, name=None, grid_
     plan = plan_map(kernel, args, depth=depth, boundary=boundary, tpb=tpb, name=name,
                     grid_ndim=grid_ndim, split_every=split_every, token=token, dtype=dtype,
                     meta=meta, drop_axis=drop_axis, new_axis=new_axis, timeout=timeout,
-                    align=layer.align)
+                    group=group, chunks=chunks, layer=layer)
     results = _build(plan, layer)
     if chunks is not None:
         check_chunks(chunks, results, plan.returns)

@@ -15,13 +15,21 @@ on the GPU. The graph around them is built in
 
 from __future__ import annotations
 
+import hashlib
 import math
 from typing import NamedTuple
 
 import numpy as np
 
 from daskgpu._bounded import BoundedCache
-from daskgpu._dask.map_kernel.chunk_params import ChunkContext, ChunkParam, array_module, is_cupy
+from daskgpu._dask.map_kernel.chunk_params import (
+    ChunkContext,
+    ChunkParam,
+    OutParam,
+    ValueParam,
+    array_module,
+    is_cupy,
+)
 from daskgpu._runtime import backends, faults
 from daskgpu._runtime.launch_task import LaunchTask
 
@@ -195,12 +203,18 @@ class Fused(LaunchTask):
     intermediate stays on the GPU and every host input crosses PCIe once
     (the backend's ``device_chain()``); on CuPy chunks, and in the simulator
     (which has none), the launches simply follow each other.
+
+    A chain of at least ``daskgpu.chain-graphs`` launches on small host chunks
+    is replayed from one CUDA graph per key (:meth:`graph_key`) where the
+    backend captures graphs (its ``chain_graphs()``): a graph's launch per
+    chunk in place of one per kernel.
     """
 
-    __slots__ = ("first", "second", "slot", "count")
+    __slots__ = ("first", "second", "slot", "count", "_graph")
 
     def __init__(self, first, second, slot: int, count: int):
         self.first, self.second, self.slot, self.count = first, second, slot, count
+        self._graph = None  # its _GraphForm once worked out; False: no graph holds it
 
     def __reduce__(self):
         return Fused, (self.first, self.second, self.slot, self.count)
@@ -241,7 +255,11 @@ class Fused(LaunchTask):
         chain = None
         if not (self.cupy or any(is_cupy(v) for v in values)):
             # A process builds all its images simulated or all for the GPU.
-            chain = backends.for_image(self.kernel.images[0]).device_chain(self.__name__)
+            backend = backends.for_image(self.kernel.images[0])
+            results = self._replayed(backend.chain_graphs(), values, place)
+            if results is not None:
+                return results[0] if len(results) == 1 else results
+            chain = backend.device_chain(self.__name__)
         try:
             results = self.run(values, place, chain)
         finally:
@@ -254,3 +272,140 @@ class Fused(LaunchTask):
         (middle,) = self.first.run(values[self.slot:end], place, chain, keep=True)
         rest = values[:self.slot] + (middle,) + values[end:]
         return self.second.run(rest, place, chain, keep)
+
+    # -- replayed from a captured graph ------------------------------------------------
+    def steps(self, positions=None):
+        """Each launch of the chain in the order it runs, with the positions among the
+        task's values of what its value-taking parameters read (None: the output of
+        the launch before it). A fused chain is a tree: ``Fused(Fused(a, b, 0, 1), c,
+        1, 2)`` runs ``a`` on value 1, ``b`` on ``a``'s output and value 2, and ``c``
+        on value 0 and ``b``'s output.
+        """
+        if positions is None:
+            positions = tuple(range(self._value_count()))
+        end = self.slot + self.count
+        first, second = self.first, self.second
+        inner = positions[self.slot:end]
+        outer = positions[:self.slot] + (None,) + positions[end:]
+        for launch, where in ((first, inner), (second, outer)):
+            if isinstance(launch, Fused):
+                yield from launch.steps(where)
+            else:
+                yield launch, where
+
+    def _value_count(self) -> int:
+        def taking(launch):
+            if isinstance(launch, Fused):
+                return launch._value_count()
+            return sum(p.takes_value for p in launch.params)
+
+        return taking(self.first) + taking(self.second) - 1
+
+    def _graph_form(self):
+        """The :class:`_GraphForm` of a chain a graph can hold, else False; worked out once.
+
+        A graph holds chunks, aligned outputs and numbers: no chunk's offset, random
+        states, per-chunk outputs, whole arrays or written inputs (which differ per
+        chunk or come back through the host), no kernel compiled for debugging (whose
+        launch waits to read what a thread raised) and no cooperative launch (which
+        the capture does not take).
+        """
+        if self._graph is None:
+            identity, sources, scalars, form = [], [], [], True
+            for launch, where in self.steps():
+                if any(image.option("debug") or image.option("cooperative")
+                       for image in launch.kernel.images):
+                    form = False
+                taking = [p for p in launch.params if p.takes_value]
+                for param, position in zip(taking, where):
+                    if isinstance(param, ChunkParam) and not param.written:
+                        if position is not None:
+                            sources.append(position)
+                    elif isinstance(param, ValueParam):
+                        scalars.append(position)
+                    else:
+                        form = False
+                if any(not isinstance(p, OutParam | ChunkParam | ValueParam)
+                       for p in launch.params):
+                    form = False
+                identity.append((launch.ident, launch.params, launch.returns, launch.rank,
+                                 launch.tpb, where))
+            digest = hashlib.blake2b(repr(identity).encode(), digest_size=16).hexdigest()
+            self._graph = (_GraphForm(digest, len(identity), tuple(sources), tuple(scalars),
+                                      self.memory) if form else False)
+        return self._graph
+
+    def graph_key(self, values, place):
+        """What a graph of this chain holds fixed for a task of ``values`` at ``place``, as
+        a hashable key; None where no graph can hold the chain or these values.
+
+        The chain's launches; the chunk's shape; each chunk input's shape, dtype and
+        layout, and which inputs are one array (read by several launches, staged
+        once); and each number, by its type and exact value (``repr``: 0.0 and -0.0
+        differ). Two chunks of one map of equal shapes have equal keys.
+        """
+        form = self._graph_form()
+        if form is False:
+            return None
+        arrays, first = [], {}
+        for position in form.sources:
+            value = values[position]
+            if type(value) is not np.ndarray:
+                return None
+            flags = value.flags
+            arrays.append((value.shape, value.dtype, flags.c_contiguous, flags.f_contiguous,
+                           first.setdefault(id(value), position)))
+        numbers = []
+        for position in form.scalars:
+            value = values[position]
+            if not isinstance(value, _NUMBERS):
+                return None
+            numbers.append((type(value), repr(value)))
+        return form.identity, tuple(place[1]), tuple(arrays), tuple(numbers)
+
+    def _replayed(self, graphs, values, place):
+        """The task's results replayed from a captured graph of the chain, or None: launch."""
+        if graphs is None:
+            return None
+        form, block = self._graph_form(), place[1]
+        if (form is False or not math.prod(block)
+                or not graphs.pays(form.launches, form.memory.for_block(block))):
+            return None
+        key = self.graph_key(values, place)
+        if key is None:
+            return None
+        with faults.in_chunk(self.__name__, *place):  # a fault of the graph names the chunk
+            return graphs.run(key, values, form.sources,
+                              lambda chain: self.run(values, place, chain, keep=True),
+                              self.__name__)
+
+
+class _GraphForm(NamedTuple):
+    """What a :class:`Fused` chain that a CUDA graph can hold keeps of itself for its keys.
+
+    Attributes
+    ----------
+    identity : str
+        A digest of each launch's image, parameters, results, rank and block size,
+        and where its values come from: hashing those on every task would cost
+        more than a launch.
+    launches : int
+        How many launches the chain runs.
+    sources : tuple of int
+        The position among the task's values of each chunk input, in the order the
+        launches copy them to the device.
+    scalars : tuple of int
+        The positions of the values passed as numbers.
+    memory : ChunkMemory
+        The chain's device memory (its launches', added once).
+    """
+
+    identity: str
+    launches: int
+    sources: tuple
+    scalars: tuple
+    memory: ChunkMemory
+
+
+#: The values a graph holds as numbers (anything else is no scalar it can hold).
+_NUMBERS = (bool, int, float, complex, np.number, np.bool_)

@@ -116,6 +116,21 @@ class ExprLayer:
         return unified(unify, dask_arrays, arrays, ndim)
 
     @staticmethod
+    def regroup(array, chunks):
+        """``array`` with larger chunks, neighbours merged. An array read by
+        ``da.from_array`` (or a batch's zarr input) reads the larger pieces itself, so
+        the grouping adds no task; any other gets a rechunk."""
+        from dask.array._array_expr._collection import new_collection
+        from dask.array._array_expr._io import FromArray
+
+        expr = array.expr
+        if isinstance(expr, Placeholder):
+            return new_collection(Placeholder(chunks, expr._meta))
+        if isinstance(expr, FromArray):
+            return new_collection(expr.substitute_parameters({"chunks": chunks}))
+        return array.rechunk(chunks)
+
+    @staticmethod
     def overlap(arrays, depth, boundary):
         from dask.array._array_expr._overlap import overlap
 

@@ -8,6 +8,7 @@ the reductions and the checks read, so none of them re-derives it.
 
 from __future__ import annotations
 
+import math
 import operator
 from dataclasses import dataclass
 from typing import Any
@@ -104,6 +105,9 @@ class MapPlan:
         What the current client's workers offer.
     split_every
         For outputs with ``combine=``.
+    grouped : bool
+        The mapped chunks were grouped into larger launches (:func:`group_chunks`);
+        ``out_chunks`` and ``aligned`` are the groups.
     meta_base : array or None
         A CuPy meta when the map's arrays are CuPy, so outputs are too.
     """
@@ -125,6 +129,7 @@ class MapPlan:
     cluster: ClusterFacts
     split_every: Any
     meta_base: Any
+    grouped: bool = False
 
     @property
     def ndim(self) -> int:
@@ -156,12 +161,13 @@ class MapPlan:
 
 def plan_map(kernel, args, *, depth=None, boundary=None, tpb=0, name=None, grid_ndim=None,
              split_every=None, token=None, dtype=None, meta=None, drop_axis=None,
-             new_axis=None, timeout=None, align) -> MapPlan:
+             new_axis=None, timeout=None, group=None, chunks=None, layer) -> MapPlan:
     """Validate a ``map_kernel`` call and plan it (see :class:`MapPlan`).
 
-    ``align(arrays, ndim)`` unifies the chunks of the dask arrays and
-    :class:`Out` placeholders as the graph layer in use does, returning
-    ``(aligned, out_chunks)``.
+    ``layer`` is the graph layer in use (:mod:`.graph_hlg`, :mod:`.graph_expr`):
+    its ``align(arrays, ndim)`` unifies the chunks of the dask arrays and
+    :class:`Out` placeholders, returning ``(aligned, out_chunks)``, and its
+    ``regroup(array, chunks)`` gives an array larger chunks.
     """
     check_kernel(kernel)
     if operator.index(tpb) < 0:
@@ -182,9 +188,18 @@ def plan_map(kernel, args, *, depth=None, boundary=None, tpb=0, name=None, grid_
     # Simulated workers run the Python function, whether or not this process simulates.
     simulate = backends.current().simulated or cluster.simulates
     ship = shipped(kernel, image, simulate)
-    aligned, out_chunks = align(arrays, ndim)
+    aligned, out_chunks = layer.align(arrays, ndim)
     params, results = plan_params(kernel.__name__, image, roles, arrays, out_chunks, simulate,
                                   flat)
+    grouped = None
+    if chunks is None and _may_group(params, ndim):  # chunks=: the user's, as given
+        grouped = group_chunks(out_chunks, _bytes_per_element(arrays, aligned, params),
+                               launch_bytes(group, cluster))
+    if grouped is not None:
+        aligned = [layer.regroup(a, _right_aligned(grouped, a)) for a in aligned]
+        out_chunks = grouped
+        params, results = plan_params(kernel.__name__, image, roles, arrays, out_chunks,
+                                      simulate, flat)
     check_dtype(kernel.__name__, results, dtype)
     timeout = check_timeout(timeout)
     prefix = None
@@ -194,14 +209,14 @@ def plan_map(kernel, args, *, depth=None, boundary=None, tpb=0, name=None, grid_
         prefix = str(token or kernel.__name__)
         name = f"{prefix}-" + tokenize(
             image.hash, kernel.__name__, args, depth, boundary, int(tpb), rank, simulate,
-            timeout)
+            timeout, group)
     returns = tuple(
         Returned(r.index, r.dtype, params[r.index].param,
                  params[r.index].source if isinstance(params[r.index].source, Out) else None)
         for r in results)
     return MapPlan(kernel.__name__, ship, rank, int(tpb), params, returns, tuple(arrays),
                    tuple(aligned), out_chunks, depth, boundary, str(name), prefix, timeout, cluster,
-                   split_every, _meta_base(arrays))
+                   split_every, _meta_base(arrays), grouped is not None)
 
 
 def _check_flat_halo(kernel_name, depth, ndim):
@@ -221,3 +236,106 @@ def _meta_base(arrays):
         if meta is not None and is_cupy(meta):
             return meta
     return None
+
+
+# -- launches sized for the GPU ---------------------------------------------------
+
+def launch_bytes(group, cluster: ClusterFacts) -> int:
+    """The device memory a grouped launch should cover: ``group`` (``map_kernel``'s
+    keyword: None for the ``daskgpu.launch-bytes`` setting, False or 0 for none, True for
+    the setting, or a size), at most a quarter of the GPU-memory a worker offers, so that
+    grouped launches still share a GPU.
+
+    Examples
+    --------
+    >>> from daskgpu._dask.cluster_facts import ClusterFacts
+    >>> launch_bytes("8 MiB", ClusterFacts()), launch_bytes(False, ClusterFacts())
+    (8388608, 0)
+    >>> launch_bytes(None, ClusterFacts(gpu_memory=2**24)) == 2**22
+    True
+    """
+    from daskgpu import _config
+
+    if group is None or group is True:
+        target = _config.get("launch-bytes")
+    elif group is False:
+        target = 0
+    else:
+        try:
+            target = _config.SETTINGS["launch-bytes"](group)
+        except ValueError as exc:
+            raise ValueError(
+                f"map_kernel(group={group!r}): {exc}; give True or None (the "
+                "daskgpu.launch-bytes setting), False (no grouping) or a size"
+            ) from None
+    if cluster.gpu_memory:
+        target = min(target, cluster.gpu_memory // 4)
+    return int(target)
+
+
+def group_chunks(chunks: tuple, per_element: int, target: int) -> tuple | None:
+    """Neighbouring chunks merged (never split) into groups that need about ``target``
+    bytes each; None where the chunks are not far smaller than that (the largest block
+    needs more than a quarter of it) or grouping is off (``target`` 0).
+
+    Groups grow along the last axis first (a C-ordered block stays contiguous),
+    then along earlier ones.
+
+    Examples
+    --------
+    >>> group_chunks(((256,) * 8,), per_element=8, target=8192)
+    ((1024, 1024),)
+    >>> group_chunks(((2,) * 4, (3, 3)), per_element=8, target=192)
+    ((4, 4), (6,))
+    >>> group_chunks(((1000,),), per_element=8, target=8192) is None  # far enough
+    True
+    """
+    if target <= 0 or per_element <= 0 or not chunks or any(not c for c in chunks):
+        return None
+    largest = math.prod(max(c) for c in chunks) * per_element
+    if largest * 4 > target:
+        return None
+    want = max(1, target // per_element)  # elements a group should hold
+    grouped, inner = list(chunks), 1
+    for ax in reversed(range(len(chunks))):
+        length = max(1, -(-want // inner))  # elements along this axis a group should span
+        runs, run = [], 0
+        for c in chunks[ax]:
+            if run and run + c > length:
+                runs.append(run)
+                run = 0
+            run += c
+        runs.append(run)
+        grouped[ax] = tuple(runs)
+        if len(runs) > 1:  # this axis holds the groups' size: earlier axes stay as they are
+            break
+        inner *= runs[0]
+    grouped = tuple(grouped)
+    return None if grouped == tuple(map(tuple, chunks)) else grouped
+
+
+def _may_group(params, ndim) -> bool:
+    """Whether results stay the same when chunks are grouped: no per-chunk output that
+    keeps one element per block (without ``combine=`` over every mapped axis)."""
+    from daskgpu._dask.map_kernel.reduction import mapped_axes
+
+    for param, source in params:
+        if isinstance(param, PerChunkParam):
+            if source.fold is None or mapped_axes(source.axis, ndim) != tuple(range(ndim)):
+                return False
+    return True
+
+
+def _bytes_per_element(arrays, aligned, params) -> int:
+    """Bytes a launch needs per element of its block: its chunks and its outputs."""
+    total = sum(np.dtype(a.dtype).itemsize for given, a in zip(arrays, aligned)
+                if not isinstance(given, Out))
+    total += sum(np.dtype(p.dtype).itemsize for p, _ in params if isinstance(p, OutParam))
+    return total
+
+
+def _right_aligned(grouped, array) -> tuple:
+    """``grouped`` for ``array``'s axes (the last of the mapped ones), keeping the size-1
+    axes it is broadcast along."""
+    own = grouped[len(grouped) - array.ndim:]
+    return tuple(c if n != 1 else (1,) for c, n in zip(own, array.shape))

@@ -19,8 +19,11 @@ worker process started:
 ==========================================  =========================================
 
 The ``kernel`` label takes at most :data:`KERNELS_LABELLED` names per process;
-time of further kernels is counted under ``kernel="other"``, so that a worker
-that sees many kernels keeps a bounded number of series.
+time of further kernels is counted under ``kernel="(other kernels)"``
+(:data:`OTHER`), so that a worker that sees many kernels keeps a bounded number
+of series. No kernel's label is that: a kernel's name is its label, except that
+a name starting with ``(`` gets one more (``(x`` is labelled ``((x``), which no
+Python function's name does.
 """
 
 from __future__ import annotations
@@ -34,7 +37,19 @@ __all__ = ["GPUFigures", "figures", "install"]
 
 #: Distinct kernel names a worker process labels its figures with.
 KERNELS_LABELLED = 64
-OTHER = "other"
+#: The ``kernel`` label of the kernels past the first :data:`KERNELS_LABELLED`.
+OTHER = "(other kernels)"
+
+
+def kernel_label(kernel: str) -> str:
+    """The ``kernel`` label of a kernel's figures: its name, never :data:`OTHER`.
+
+    Examples
+    --------
+    >>> kernel_label("saxpy"), kernel_label("other"), kernel_label("(other kernels)")
+    ('saxpy', 'other', '((other kernels)')
+    """
+    return "(" + kernel if kernel.startswith("(") else kernel
 
 
 class GPUFigures:
@@ -58,6 +73,7 @@ class GPUFigures:
         self.links = 0
 
     def __call__(self, kernel: str, activity: str, seconds: float) -> None:
+        kernel = kernel_label(str(kernel))
         with self._lock:
             if kernel not in self.launches and len(self.launches) >= KERNELS_LABELLED:
                 kernel = OTHER

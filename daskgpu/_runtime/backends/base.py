@@ -71,6 +71,12 @@ class Backend(abc.ABC):
         """An object that keeps a fused chain's intermediates on the device, or None
         where launches cannot share one."""
 
+    @abc.abstractmethod
+    def chain_graphs(self):
+        """This process's fused chains captured as graphs, replayed per chunk (a
+        :class:`~daskgpu._runtime.gpu.chains.graphs.ChainGraphs`), or None where
+        launches cannot be captured: every chain is then launched one by one."""
+
     # -- facts -----------------------------------------------------------------
     @abc.abstractmethod
     def device_facts(self, warm: bool = False) -> dict:

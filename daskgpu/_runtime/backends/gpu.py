@@ -59,12 +59,19 @@ class GPUBackend(Backend):
         return device_states(seed, base, shape, strides, builder)
 
     def device_chain(self, name: str = "fused"):
-        """A :class:`~daskgpu._runtime.gpu.copy_pipeline.DeviceChain` whose copies are
+        """A :class:`~daskgpu._runtime.gpu.chains.device_chain.DeviceChain` whose copies are
         reported to :mod:`~daskgpu._runtime.metrics` under ``name``."""
-        from daskgpu._runtime.gpu.copy_pipeline import DeviceChain
+        from daskgpu._runtime.gpu.chains.device_chain import DeviceChain
         from daskgpu._runtime.gpu.host_staging import stager
 
         return DeviceChain(stager, name)
+
+    def chain_graphs(self):
+        """The process's :class:`~daskgpu._runtime.gpu.chains.graphs.ChainGraphs`: long
+        chains on small chunks replay one captured CUDA graph (``daskgpu.chain-graphs``)."""
+        from daskgpu._runtime.gpu.chains.graphs import chain_graphs
+
+        return chain_graphs
 
     def device_facts(self, warm: bool = False) -> dict:
         """Device 0 of this process made current, and its facts: name, cc, memory, UUID,
@@ -82,7 +89,8 @@ class GPUBackend(Backend):
                 "kernels in Numba's CUDA simulator with the dask.config setting "
                 "daskgpu.simulate=True (LocalGPUCluster(simulate=True) sets it)."
             ) from e
-        if warm:  # the general and the repeat launch paths, and all they use
+        if warm:  # the general and the repeat launch paths, fused chains, and all they use
+            import daskgpu._runtime.gpu.chains.graphs  # noqa: F401
             import daskgpu._runtime.gpu.fast_path  # noqa: F401
         from daskgpu._runtime.gpu.driver import driver_version, nvjitlink_version
 

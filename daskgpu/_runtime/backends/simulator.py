@@ -67,6 +67,9 @@ class SimulatorBackend(Backend):
     def device_chain(self, name: str = "fused"):
         return None
 
+    def chain_graphs(self):
+        return None  # the simulator has no graphs: a chain's launches simply follow each other
+
     def device_facts(self, warm: bool = False) -> dict:
         """Simulated facts: the simulator's name, and None for all a GPU would tell."""
         return {

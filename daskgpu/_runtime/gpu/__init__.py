@@ -17,8 +17,9 @@ module                   what it holds
 ``run``                  the general launch path
 ``fast_path``            repeat launches on device arrays, by generated code
 ``host_staging``         a launch's host arrays on the device; the page-locked pools
-``copy_pipeline``        pinned-slot copies of pageable arrays; fused tasks' arrays
+``copy_pipeline``        pinned-slot copies of pageable arrays
 ``pinned_arrays``        recycled page-locked outputs
 ``random_states``        random states built on the device
+``chains``               fused tasks' arrays on the device, and their CUDA graphs
 =======================  ==========================================================
 """

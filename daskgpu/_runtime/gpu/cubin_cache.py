@@ -72,16 +72,20 @@ class DiskCache:
     A store that fails (a full disk, a read-only directory) warns once and
     is otherwise ignored: the cache never fails a launch.
 
-    The entries' total size stays within ``max_bytes``: before a store, the
-    entries of other driver or nvJitLink versions go first (their file names
-    start with a tag of the versions), then the least recently used (a load
-    that hits touches its entry's modification time). Several processes may
-    share the directory: each one's stores make room for themselves, so two
-    storing at once exceed the bound by at most one entry, until the next
-    store; files that vanish meanwhile are skipped, and another process's
-    temporary files are not counted (those left by a crash are removed after
-    :data:`STALE_TEMPORARY_SECONDS`). A reader keeps the entry it has opened
-    even when it is evicted meanwhile.
+    The entries' total size stays within ``max_bytes``: before a store, and
+    once on this object's first load (a directory filled under a larger bound
+    is brought within this one even while every load hits), the entries of
+    other driver or nvJitLink versions go first (their file names start with a
+    tag of the versions), then the least recently used (a load that hits
+    touches its entry's modification time, before that first eviction). Several
+    processes may share the directory: evictions and stores take turns under
+    an exclusive lock on the file :data:`LOCK` (``flock``; where there is none,
+    Windows, two stores at once may exceed the bound by one entry), so
+    processes with one bound keep it; files that vanish meanwhile are skipped,
+    and another process's temporary files are not counted (those left by a
+    crash are removed after :data:`STALE_TEMPORARY_SECONDS`). A store that
+    waits over :data:`LOCK_SECONDS` for the lock is dropped, with a warning. A
+    reader keeps the entry it has opened even when it is evicted meanwhile.
 
     Parameters
     ----------
@@ -114,12 +118,17 @@ class DiskCache:
     HEADER_BYTES = 128
     #: Seconds after which another process's temporary file is taken for a crash's leftover.
     STALE_TEMPORARY_SECONDS = 3600
+    #: The file in the directory whose lock evictions and stores hold.
+    LOCK = "store.lock"
+    #: Seconds a store waits for another process's eviction or store before it is dropped.
+    LOCK_SECONDS = 10.0
 
     def __init__(self, directory: str, max_bytes: int = 1 << 30):
         self.directory = os.path.abspath(os.path.expanduser(directory))
         self.max_bytes = int(max_bytes)
         self._secret = None  # bytes once checked; False when the cache is off
         self._warned = set()
+        self._bounded = False  # whether the entries were brought within max_bytes here
 
     def path(self, image_hash: str, cc: tuple, versions: tuple) -> str:
         """The file of the entry for this image, compute capability and tool versions.
@@ -135,6 +144,18 @@ class DiskCache:
         secret = self._ready()
         if not secret:
             return None
+        cubin = self._verified(secret, image_hash, cc, versions)
+        if cubin is not None:
+            with contextlib.suppress(OSError, NotImplementedError):  # gone meanwhile
+                # Used now: the last to be evicted.
+                os.utime(self.path(image_hash, cc, versions), follow_symlinks=False)
+        if not self._bounded:  # once: a cache filled under a larger bound comes within this
+            self._bounded = True
+            self._evict_to_bound(0, _versions_tag(versions))
+        return cubin
+
+    def _verified(self, secret, image_hash, cc, versions) -> bytes | None:
+        """The entry's cubin when it is ours and whole; else None."""
         try:
             entry = self._read(self.path(image_hash, cc, versions))
         except OSError:  # absent, a link, a FIFO, a device, too large, unreadable
@@ -145,9 +166,6 @@ class DiskCache:
         expected = _mac(secret, _key(image_hash, cc, versions), cubin)
         if not hmac.compare_digest(mac, expected) or not cubin.startswith(b"\x7fELF"):
             return None
-        with contextlib.suppress(OSError, NotImplementedError):  # gone meanwhile: no matter
-            # Used now: the last to be evicted.
-            os.utime(self.path(image_hash, cc, versions), follow_symlinks=False)
         return cubin
 
     def store(self, image_hash, cc, versions, cubin: bytes) -> None:
@@ -170,15 +188,62 @@ class DiskCache:
                                 f"cache at {self.max_bytes} bytes. Raise that setting to keep "
                                 "kernels this large.")
             return
+        self._bounded = True  # every store evicts what its own room needs
+        self._evict_to_bound(len(header) + len(cubin), _versions_tag(versions),
+                             write=(self.path(image_hash, cc, versions), header + cubin))
+
+    def _evict_to_bound(self, size: int, tag: str, write=None) -> None:
+        """Under the directory's lock, make room for ``size`` bytes, then write
+        ``write`` (``(path, bytes)``) if given; a failure warns once and is dropped."""
         try:
-            self.make_room(len(header) + len(cubin), _versions_tag(versions))
-            atomic_write(self.path(image_hash, cc, versions), header + cubin, mode=0o600)
+            with self._locked() as held:
+                if not held:
+                    self._warn("lock", f"daskgpu's cubin cache {self.directory!r} was locked "
+                                       f"by another process for over {self.LOCK_SECONDS:g} "
+                                       "s, so a linked kernel was not stored (or the cache "
+                                       "not trimmed to daskgpu.cache-bytes) this time; if "
+                                       "no daskgpu process is stuck, remove "
+                                       f"{os.path.join(self.directory, self.LOCK)!r}.")
+                    return
+                self.make_room(size, tag)
+                if write is not None:
+                    atomic_write(write[0], write[1], mode=0o600)
         except OSError as exc:
             self._warn("store", f"daskgpu could not store a linked kernel in its cubin cache "
                                 f"{self.directory!r} ({exc}); kernels that cannot be stored "
                                 "are linked again in each new process. Free space in or "
                                 "grant write access to that directory, or unset "
                                 "daskgpu.cache-dir.")
+
+    @contextlib.contextmanager
+    def _locked(self):
+        """Hold the directory's exclusive lock; yields whether it was got in time.
+
+        ``flock`` on a file of the directory: released when the descriptor
+        closes, also when a process dies holding it. Without ``fcntl``
+        (Windows) nothing is locked.
+        """
+        try:
+            import fcntl
+        except ImportError:
+            yield True
+            return
+        flags = (os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0)
+                 | getattr(os, "O_CLOEXEC", 0))
+        fd = os.open(os.path.join(self.directory, self.LOCK), flags, 0o600)
+        try:
+            deadline, got = time.monotonic() + self.LOCK_SECONDS, False
+            while not got:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    got = True
+                except BlockingIOError:  # another process evicts or stores: short
+                    if time.monotonic() > deadline:
+                        break
+                    time.sleep(0.002)
+            yield got
+        finally:
+            os.close(fd)  # releases the lock
 
     def entries(self) -> list:
         """``(name, size, mtime_ns)`` of every entry file now in the directory.

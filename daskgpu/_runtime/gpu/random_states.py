@@ -16,7 +16,7 @@ from cuda.bindings import driver
 from daskgpu._image.launch_config import pad3
 from daskgpu._image.random_states import JUMP_TABLE, STATE_DTYPE, splitmix64
 from daskgpu._runtime.gpu import device as _device
-from daskgpu._runtime.gpu.copy_pipeline import DeviceView
+from daskgpu._runtime.gpu.chains.device_chain import DeviceView
 from daskgpu._runtime.gpu.driver import check
 
 __all__ = ["DeviceStates", "device_states"]

@@ -4,6 +4,7 @@ import pickle
 
 import dask
 import numpy as np
+import pytest
 
 import daskgpu as dg
 from daskgpu._cli.bench.common import BenchCluster, BenchOptions, host_inputs, noop_chunk
@@ -15,6 +16,7 @@ def test_noop_chunk_travels_by_reference_and_returns_its_first_chunk():
     assert noop_chunk(x, np.ones(3)) is x
 
 
+@pytest.mark.slow
 def test_the_bench_cluster_page_locks_what_the_chain_section_holds():
     # Two persisted 1 GiB outputs and a third map's: with the 2 GiB default the third
     # map's outputs would go through the copy threads, and the page-locked-input row
@@ -25,6 +27,7 @@ def test_the_bench_cluster_page_locks_what_the_chain_section_holds():
     assert set(seen.values()) == {4 << 30}
 
 
+@pytest.mark.slow
 def test_closing_the_bench_cluster_loses_no_data_someone_still_wants(caplog):
     # The sections keep their persisted inputs to the end of the run: with the
     # workers gone first, the scheduler warned of lost tasks under every table.

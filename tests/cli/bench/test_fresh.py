@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 
 from daskgpu._cli.bench import fresh
 from daskgpu._image.random_states import host_states
@@ -20,6 +21,7 @@ def test_the_cold_start_command_starts_the_clock_then_calls_a_function_of_the_mo
         assert callable(getattr(fresh, program))
 
 
+@pytest.mark.slow
 def test_the_fresh_module_imports_no_numba():
     # The daskgpu cold start imports this module first: numba must stay out of it.
     code = "import sys; import daskgpu._cli.bench.fresh; print('numba' in sys.modules)"
@@ -28,6 +30,7 @@ def test_the_fresh_module_imports_no_numba():
     assert out.stdout.strip() == "False"
 
 
+@pytest.mark.slow
 def test_numba_states_run_as_a_module_and_match_the_jump_table():
     env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1")  # Numba's simulator: no GPU here
     out = subprocess.run([sys.executable, "-m", "daskgpu._cli.bench.fresh", "4", "2024", "16",

@@ -1,5 +1,6 @@
 """The map-host section without a GPU: the launches it times without Dask's tasks."""
 
+import pytest
 from distributed import Client
 
 from daskgpu._cli.bench.common import host_inputs
@@ -7,6 +8,7 @@ from daskgpu._cli.bench.host import launches_without_dask
 from daskgpu._dask.cluster import LocalGPUCluster
 
 
+@pytest.mark.slow
 def test_each_worker_launches_on_its_own_chunks_without_dask():
     with LocalGPUCluster(simulate=True, threads_per_worker=2, dashboard_address=None) as cluster, \
             Client(cluster) as client:

@@ -76,6 +76,7 @@ class InProcessCluster:
         return self.client
 
 
+@pytest.mark.slow
 def test_the_compute_row_runs_on_the_run_cluster():
     from distributed import Client, LocalCluster
 

@@ -27,6 +27,7 @@ def test_a_large_chunk_needs_two_thirds_of_the_offer_and_a_small_one_a_sixth():
     assert 8 * MIX.small_chunk * 6 == MIX.device_memory
 
 
+@pytest.mark.slow
 def test_with_four_threads_large_chunks_run_alone_and_small_ones_together():
     row = compute.bench_sharing(MIX.size_bytes, MIX.large, MIX.small, steps=1, repeat=1,
                                 **SIMULATED)
@@ -38,6 +39,7 @@ def test_with_four_threads_large_chunks_run_alone_and_small_ones_together():
     assert "as dask-cuda runs a GPU" in table([row])
 
 
+@pytest.mark.slow
 def test_a_worker_offering_no_gpu_memory_runs_large_chunks_together_and_is_refused():
     # Simulated workers offer GPU-memory only when daskgpu.device-memory is set.
     runs = compute.mix_on_new_worker(MIX, compute.SHARING_THREADS, steps=1, repeat=1,

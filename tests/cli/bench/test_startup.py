@@ -5,6 +5,7 @@ import sys
 
 import dask
 import numpy as np
+import pytest
 
 import daskgpu as dg
 from daskgpu._cli.bench.kernels import ADD_SIG, add_constant
@@ -19,6 +20,7 @@ def test_first_task_run_launches_on_the_worker_arrays(monkeypatch):
         assert first_task_run(shipped, 64) == 7.0
 
 
+@pytest.mark.slow
 def test_cold_start_children_cache_bytecode_where_the_environment_forbids_it(
         monkeypatch, tmp_path):
     import subprocess

@@ -10,7 +10,7 @@ import sys
 
 import numpy as np
 import pytest
-from batch_helpers import SAXPY_FILE, SAXPY_SIG
+from kit.kernels import SAXPY_FILE, SAXPY_SIG
 
 import daskgpu as dg
 from daskgpu._cli.batch import main

@@ -177,9 +177,11 @@ def affine(out, a, x):
 '''
 
 
+@pytest.mark.slow
 def test_cli_on_its_own_gpu_cluster_stops_on_sigterm_and_resumes(tmp_path):
     # The local cluster daskgpu batch starts on GPUs (TLS, workers that ignore Ctrl-C
     # through their preload), stopped as SLURM's time limit would stop it.
+    pytest.importorskip("cryptography")  # its TLS credentials (the batch extra)
     import sys
 
     import psutil

@@ -11,7 +11,8 @@ import os
 
 import numpy as np
 import pytest
-from batch_helpers import affine, affine_cli, tree, write_zarr
+from kit.batch import affine_cli, tree, write_zarr
+from kit.kernels import affine
 
 from daskgpu._dask.batch import BatchError, run_batch
 from daskgpu._dask.batch.inputs import open_inputs

@@ -12,7 +12,8 @@ import sys
 
 import numpy as np
 import pytest
-from batch_helpers import SAXPY_FILE, SAXPY_SIG, saxpy, write_zarr
+from kit.batch import write_zarr
+from kit.kernels import SAXPY_FILE, SAXPY_SIG, saxpy
 from numba import cuda
 
 import daskgpu as dg

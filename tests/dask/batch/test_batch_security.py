@@ -15,9 +15,10 @@ import urllib.request
 import numpy as np
 import psutil
 import pytest
-from batch_helpers import SAXPY_FILE, SAXPY_SIG, write_zarr
 from distributed import Client
 from distributed.security import Security
+from kit.batch import write_zarr
+from kit.kernels import SAXPY_FILE, SAXPY_SIG
 
 import daskgpu as dg
 from daskgpu._cli.batch import main
@@ -46,6 +47,7 @@ def _refused(address, **kw):
     return False
 
 
+@pytest.mark.slow
 def test_only_the_runs_own_client_gets_in(batch_cluster):
     client, _ = batch_cluster
     address = client.scheduler.address
@@ -57,6 +59,7 @@ def test_only_the_runs_own_client_gets_in(batch_cluster):
     assert _refused(address, security=Security.temporary())
 
 
+@pytest.mark.slow
 def test_nothing_listens_beyond_the_loopback_address(batch_cluster):
     client, processes = batch_cluster
     listening = {(p.pid, c.laddr.ip, c.laddr.port)
@@ -70,6 +73,7 @@ def test_nothing_listens_beyond_the_loopback_address(batch_cluster):
         assert r.read() == b"ok"  # served, on loopback
 
 
+@pytest.mark.slow
 def test_cli_connects_to_a_tls_scheduler_with_tls_files(tmp_path, capsys):
     credentials = Security.temporary()  # PEM text; written out as a site's files would be
     files = {}

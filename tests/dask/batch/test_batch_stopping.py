@@ -20,7 +20,8 @@ import warnings
 import numpy as np
 import psutil
 import pytest
-from batch_helpers import SAXPY_FILE, SAXPY_SIG, saxpy, write_zarr
+from kit.batch import write_zarr
+from kit.kernels import SAXPY_FILE, SAXPY_SIG, saxpy
 
 from daskgpu._cli.batch import main
 from daskgpu._dask.batch import lock as lock_module
@@ -136,10 +137,24 @@ def test_a_signal_to_the_whole_group_stops_the_local_cluster_cleanly(client, job
     _resume_is_exact(job, client, done_chunks(job["out"]))
 
 
+def _worker_processes(me):
+    """The worker processes ``me`` has spawned so far (not other children, which may come
+    before the cluster starts)."""
+    found = []
+    for child in me.children(recursive=True):
+        try:
+            if "spawn_main" in " ".join(child.cmdline()):
+                found.append(child)
+        except psutil.Error:
+            pass
+    return found
+
+
+@pytest.mark.slow
 def test_ctrl_c_while_the_local_cluster_starts_is_acted_on_once_it_is_up(job):
     proc = _start(job["argv"])
     me = psutil.Process(proc.pid)
-    _wait_for(proc, lambda: bool(me.children()), "a worker process")  # the cluster starts
+    _wait_for(proc, lambda: _worker_processes(me), "a worker process")  # the cluster starts
     children = me.children(recursive=True)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=TIMEOUT)
@@ -211,3 +226,48 @@ def test_a_lock_file_in_a_folder_turned_read_only(client, job, tmp_path):
     finally:
         os.chmod(tmp_path, 0o755)
     assert report.complete
+
+
+#: Makes each worker process spend its first seconds importing, as a cold one does.
+SLOW_WORKER_START = """
+import sys, time
+if any("spawn_main" in arg for arg in sys.orig_argv):
+    time.sleep(3)
+"""
+
+
+@pytest.mark.slow
+def test_ctrl_c_to_the_whole_group_while_a_worker_imports_prints_only_the_one_line(
+        job, tmp_path):
+    # A terminal's Ctrl-C reaches every process of the group: a worker still importing,
+    # before its preload ignores SIGINT, died with a KeyboardInterrupt traceback.
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(SLOW_WORKER_START)
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(site), *filter(None, [env.get("PYTHONPATH")])])
+    proc = subprocess.Popen([sys.executable, "-m", "daskgpu", "batch", *job["argv"]],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True, env=env)
+    me = psutil.Process(proc.pid)
+    _wait_for(proc, lambda: _worker_processes(me), "a worker process")
+    time.sleep(0.5)  # into its start's imports, three seconds long
+    children = me.children(recursive=True)
+    os.killpg(proc.pid, signal.SIGINT)
+    _, err = proc.communicate(timeout=TIMEOUT)
+    assert proc.returncode == 130, err
+    assert err == ("daskgpu batch interrupted: 0/20 chunks written; run the same job again "
+                   "to compute only the rest\n"), err
+    assert _no_process_left(children), f"left running: {_alive(children)}"
+    assert not os.path.exists(lock_path(job["out"]))
+
+
+def test_ctrl_c_before_the_job_starts_is_one_line_too(job, tmp_path, capsys):
+    # As when Ctrl-C comes while the kernel's module is imported: it printed nothing.
+    kernel = tmp_path / "interrupted.py"
+    kernel.write_text("raise KeyboardInterrupt\n")
+    argv = [f"{kernel}:saxpy", *job["argv"][1:]]
+    assert main(argv) == 130
+    assert capsys.readouterr().err == ("daskgpu batch interrupted before the job started: "
+                                       "nothing was written\n")
+    assert not os.path.exists(job["out"])

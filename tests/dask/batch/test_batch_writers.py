@@ -18,7 +18,8 @@ import time
 
 import numpy as np
 import pytest
-from batch_helpers import SAXPY_FILE, SAXPY_SIG, saxpy, write_zarr
+from kit.batch import write_zarr
+from kit.kernels import SAXPY_FILE, SAXPY_SIG, saxpy
 
 from daskgpu._cli.batch import main
 from daskgpu._dask.batch import BatchError, run_batch
@@ -102,6 +103,7 @@ def test_a_killed_runs_lock_blocks_nothing(client, job):
     np.testing.assert_array_equal(_result(job), 2 * job["x"] + job["y"])
 
 
+@pytest.mark.slow
 def test_without_flock_a_dead_holder_is_taken_over_and_a_live_one_refused(tmp_path,
                                                                            monkeypatch):
     import fcntl

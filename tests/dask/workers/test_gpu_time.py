@@ -8,6 +8,7 @@ import dask.array as da
 import numpy as np
 import pytest
 from distributed import Client, span
+from kit.kernels import saxpy
 from numba import cuda
 
 import daskgpu as dg
@@ -21,20 +22,6 @@ from daskgpu._dask.workers.plugin import GPUWorkerPlugin
 from daskgpu._runtime import metrics
 
 dg._config.register()  # before dask.config.set, so the defaults outlive its blocks
-
-
-@dg.jit("void(float32[::1], float32, float32[::1], float32[::1])")
-def saxpy(out, a, x, y):
-    i = cuda.grid(1)
-    if i < out.size:
-        out[i] = a * x[i] + y[i]
-
-
-@pytest.fixture(scope="module")
-def client():
-    with dg.LocalGPUCluster(simulate=True, processes=False, dashboard_address=":0") as cluster:
-        with Client(cluster, set_as_default=False) as client:
-            yield client
 
 
 def _gpu_seconds(metrics_by_key, unit="seconds") -> dict:
@@ -118,6 +105,7 @@ def _installed() -> int:
     return metrics._recorders.count(digest_gpu_time)  # one per worker set up in this process
 
 
+@pytest.mark.slow
 def test_the_worker_plugin_installs_its_recorder_and_teardown_removes_it():
     before = _installed()
     with dg.LocalGPUCluster(simulate=True, processes=False, devices=[0, 1],
@@ -143,6 +131,7 @@ def test_labels_name_the_activity_and_the_kernel():
     assert kernel_label("saxpy", "copy-in") == "saxpy copy-in"
 
 
+@pytest.mark.slow
 @pytest.mark.gpu
 def test_a_gpu_worker_reports_copies_and_kernel_of_host_chunks():
     n = 1 << 16

@@ -118,6 +118,7 @@ def test_device_forms_are_checked_both_ways(capsys):
     assert "'gpu1' is not a device" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_a_worker_started_each_way_looks_the_same_to_the_scheduler(tmp_path):
     """A LocalGPUCluster worker and a ``daskgpu worker`` process on its scheduler."""
     env = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
@@ -156,6 +157,7 @@ def test_a_worker_started_each_way_looks_the_same_to_the_scheduler(tmp_path):
     assert "Traceback" not in log.read_text()
 
 
+@pytest.mark.slow
 @pytest.mark.gpu
 def test_on_a_gpu_a_gpu_worker_reports_nvml_memory_and_utilization_to_the_scheduler():
     # distributed fills the dashboard's GPU Memory and GPU Utilization pages from these

@@ -144,6 +144,7 @@ def test_no_gpu_and_not_simulating_fails_with_the_fix():
             dg.device_info()
 
 
+@pytest.mark.slow
 def test_device_info_on_a_simulated_local_gpu_cluster():
     with dg.LocalGPUCluster(simulate=True, processes=False, dashboard_address=":0") as cluster:
         with Client(cluster) as client:
@@ -162,6 +163,7 @@ def plain_client():
             yield client
 
 
+@pytest.mark.slow
 def test_register_on_a_plain_local_cluster(plain_client):
     with dask.config.set({"daskgpu.simulate": True}):
         plain_client.register_plugin(dg.GPUWorkerPlugin())
@@ -173,6 +175,7 @@ def test_register_on_a_plain_local_cluster(plain_client):
         plain_client.register_plugin(dg.GPUWorkerPlugin())
 
 
+@pytest.mark.slow
 @pytest.mark.nogpu
 def test_register_without_gpu_raises_on_the_client(plain_client):
     with dask.config.set({"daskgpu.simulate": False}):
@@ -180,6 +183,7 @@ def test_register_without_gpu_raises_on_the_client(plain_client):
             plain_client.register_plugin(dg.GPUWorkerPlugin())
 
 
+@pytest.mark.slow
 @pytest.mark.gpu
 def test_register_on_a_gpu_worker_process():
     with LocalCluster(n_workers=1, dashboard_address=":0") as cluster, Client(cluster) as client:

@@ -6,20 +6,13 @@ import dask.array as da
 import numpy as np
 import pytest
 from distributed import Client
-from numba import cuda
+from kit.kernels import saxpy
 
 import daskgpu as dg
-from daskgpu._dask.workers.prometheus import KERNELS_LABELLED, GPUFigures
+from daskgpu._dask.workers.prometheus import KERNELS_LABELLED, OTHER, GPUFigures
 
 prometheus_client = pytest.importorskip("prometheus_client")
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
-
-
-@dg.jit("void(float32[::1], float32, float32[::1], float32[::1])")
-def saxpy(out, a, x, y):
-    i = cuda.grid(1)
-    if i < out.size:
-        out[i] = a * x[i] + y[i]
 
 
 def _scrape(url) -> dict:
@@ -38,6 +31,7 @@ def _worker_metrics_urls(client):
     return client.run(where)
 
 
+@pytest.mark.slow
 def test_a_worker_endpoint_shows_launches_and_gpu_seconds_after_a_map():
     with dg.LocalGPUCluster(simulate=True, dashboard_address=":0") as cluster, \
             Client(cluster, set_as_default=False) as client:
@@ -62,11 +56,12 @@ def test_kernel_names_are_bounded_per_process():
     for i in range(KERNELS_LABELLED + 10):
         figures(f"k{i}", "kernel", 1.0)
     assert len(figures.launches) == KERNELS_LABELLED + 1
-    assert figures.launches["other"] == 10 and figures.seconds["other", "kernel"] == 10.0
+    assert figures.launches[OTHER] == 10 and figures.seconds[OTHER, "kernel"] == 10.0
     families = {f.name: f for f in figures.collect()}
     assert families["daskgpu_launches"].samples[0].name == "daskgpu_launches_total"
 
 
+@pytest.mark.slow
 @pytest.mark.gpu
 def test_a_gpu_worker_endpoint_shows_device_memory_and_copies():
     import dask
@@ -86,3 +81,17 @@ def test_a_gpu_worker_endpoint_shows_device_memory_and_copies():
     assert sum(v for (name, labels), v in ((k, v) for s in seen for k, v in s.items())
                if name == "daskgpu_gpu_seconds_total" and ("activity", "copy-in") in labels) > 0
     assert sum(s[("daskgpu_links_total", ())] for s in seen) >= 1
+
+
+def test_a_kernel_named_other_keeps_its_own_series_apart_from_the_overflow():
+    figures = GPUFigures()
+    for i in range(KERNELS_LABELLED - 2):
+        figures(f"k{i}", "kernel", 1.0)
+    figures("other", "kernel", 2.0)  # a kernel of that name, within the bound
+    figures(OTHER, "kernel", 4.0)  # and one named as the overflow's label: the 64th
+    figures("k-past-the-bound", "kernel", 8.0)  # counted under the overflow
+    samples = {s.labels["kernel"]: s.value for f in figures.collect()
+               if f.name == "daskgpu_gpu_seconds" for s in f.samples}
+    assert samples["other"] == 2.0
+    assert samples["(" + OTHER] == 4.0
+    assert samples[OTHER] == 8.0

@@ -55,6 +55,7 @@ def one_worker():
         yield client
 
 
+@pytest.mark.slow
 def test_a_launch_over_its_time_limit_fails_in_one_line_and_the_worker_comes_back(one_worker):
     client = one_worker
     before = _addresses(client)
@@ -69,6 +70,7 @@ def test_a_launch_over_its_time_limit_fails_in_one_line_and_the_worker_comes_bac
     assert _next_task_after(client, before) < 120
 
 
+@pytest.mark.slow
 def test_a_map_over_its_time_limit_names_the_chunk(one_worker):
     import dask.array as da
 
@@ -79,6 +81,7 @@ def test_a_map_over_its_time_limit_names_the_chunk(one_worker):
         one_worker.compute(z).result(timeout=60)
 
 
+@pytest.mark.slow
 def test_the_setting_limits_launches_without_their_own(one_worker):
     client = one_worker
 
@@ -91,6 +94,7 @@ def test_the_setting_limits_launches_without_their_own(one_worker):
         client.submit(spin.forall(1), np.zeros(1, np.int64), pure=False).result(timeout=60)
 
 
+@pytest.mark.slow
 def test_a_cancelled_launch_that_spins_frees_its_worker_after_the_grace(one_worker):
     client = one_worker
     before = _addresses(client)
@@ -127,6 +131,7 @@ def test_a_launch_cancelled_and_submitted_again_under_its_key_keeps_its_time_lim
         again.result(timeout=60)
 
 
+@pytest.mark.slow
 def test_launches_that_end_are_left_alone(one_worker):
     x = np.arange(64, dtype=np.float32)
     out = one_worker.submit(double.forall(64, timeout=30), np.zeros_like(x), x).result()
@@ -273,6 +278,7 @@ def one_gpu_worker():
         yield client
 
 
+@pytest.mark.slow
 @pytest.mark.gpu
 def test_on_a_gpu_a_cancelled_60_s_kernel_frees_the_gpu_within_5_s(one_gpu_worker):
     client = one_gpu_worker
@@ -291,6 +297,7 @@ def test_on_a_gpu_a_cancelled_60_s_kernel_frees_the_gpu_within_5_s(one_gpu_worke
     assert [i["simulated"] for i in info.values()] == [False]  # back, on its GPU
 
 
+@pytest.mark.slow
 @pytest.mark.gpu
 def test_on_a_gpu_a_60_s_kernel_over_its_limit_fails_and_the_gpu_is_free_within_5_s(
         one_gpu_worker):

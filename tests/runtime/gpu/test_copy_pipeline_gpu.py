@@ -124,7 +124,7 @@ def test_device_chain_copies_each_host_array_once_and_frees_everything():
     from cuda.bindings import driver
 
     from daskgpu._runtime.gpu import device
-    from daskgpu._runtime.gpu.copy_pipeline import DeviceChain
+    from daskgpu._runtime.gpu.chains.device_chain import DeviceChain
     from daskgpu._runtime.gpu.host_staging import stager
 
     device.current()

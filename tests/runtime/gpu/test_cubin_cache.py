@@ -158,7 +158,8 @@ def test_store_leaves_no_temporary_files(tmp_path):
     cache = DiskCache(str(tmp_path))
     for i in range(5):
         cache.store(f"h{i}", (9, 0), VERSIONS, b"data" * i)
-    assert sorted(p.name for p in tmp_path.iterdir() if p.suffix != ".cubin") == [DiskCache.SECRET]
+    assert sorted(p.name for p in tmp_path.iterdir() if p.suffix != ".cubin") == sorted(
+        [DiskCache.SECRET, DiskCache.LOCK])
     assert len(list(tmp_path.glob("*.cubin"))) == 5
 
 
@@ -171,7 +172,7 @@ def test_failed_store_keeps_the_old_file_and_no_temporary(tmp_path):
         cache.store("h", (9, 0), VERSIONS, object())
     assert cache.load("h", (9, 0), VERSIONS) == ELF + b"good"
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([
-        os.path.basename(cache.path("h", (9, 0), VERSIONS)), DiskCache.SECRET])
+        os.path.basename(cache.path("h", (9, 0), VERSIONS)), DiskCache.SECRET, DiskCache.LOCK])
 
 
 def test_readers_never_see_half_a_cubin(tmp_path):

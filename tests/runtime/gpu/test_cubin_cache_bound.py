@@ -168,6 +168,7 @@ def _store_many(directory, bound, worker, count, one, results):
     results.put((worker, worst, misses))
 
 
+@pytest.mark.slow
 def test_two_processes_storing_at_once_keep_the_bound_and_the_entry_in_use(tmp_path):
     directory = str(tmp_path / "cubins")
     one = _entry_size(tmp_path)
@@ -194,6 +195,7 @@ def test_two_processes_storing_at_once_keep_the_bound_and_the_entry_in_use(tmp_p
 
 # -- on a GPU: what linked() stores stays within daskgpu.cache-bytes -----------------------
 
+@pytest.mark.slow
 @pytest.mark.gpu
 def test_linked_kernels_on_disk_stay_within_the_setting(tmp_path):
     import pickle
@@ -240,3 +242,43 @@ def test_linked_kernels_on_disk_stay_within_the_setting(tmp_path):
     assert len(entries()) == 1 and sum(p.stat().st_size for p in entries()) <= bound
     assert "LINKED 0" in run("add", bound)  # the newer entry stayed
     assert "LINKED 1" in run("saxpy", bound)  # the older one was evicted
+
+
+# -- the bound kept on load, and by processes storing at once ----------------------------
+
+def test_a_cache_filled_under_a_larger_bound_comes_within_this_one_on_first_load(tmp_path):
+    one = _entry_size(tmp_path)
+    directory = str(tmp_path / "cubins")
+    roomy = DiskCache(directory, max_bytes=10 * one)
+    for n in range(10):
+        roomy.store(f"img{n}", CC, VERSIONS, _cubin(n))
+        time.sleep(TICK)
+    disk = DiskCache(directory, max_bytes=2 * one + one // 2)  # the setting since lowered
+    assert disk.load("img3", CC, VERSIONS) == _cubin(3)  # a hit: nothing stored
+    assert _total(disk) <= disk.max_bytes  # it stayed ten times over while loads hit
+    # The entry just used, and the most recently stored, are the two kept.
+    assert disk.load("img3", CC, VERSIONS) == _cubin(3)
+    assert disk.load("img9", CC, VERSIONS) == _cubin(9)
+    assert disk.load("img8", CC, VERSIONS) is None
+
+
+@pytest.mark.slow
+def test_four_processes_storing_at_once_never_exceed_the_bound(tmp_path):
+    directory = str(tmp_path / "cubins")
+    one = _entry_size(tmp_path)
+    bound = 6 * one
+    DiskCache(directory, max_bytes=bound).store("hot", CC, VERSIONS, _cubin(7))
+    context = multiprocessing.get_context("spawn")
+    results = context.Queue()
+    workers = [context.Process(target=_store_many, args=(directory, bound, w, 150, one, results))
+               for w in (1, 2, 3, 4)]
+    for w in workers:
+        w.start()
+    done = [results.get(timeout=300) for _ in workers]
+    for w in workers:
+        w.join(30)
+        assert w.exitcode == 0
+    for worker, worst, _ in done:
+        assert worst <= bound, (worker, worst - bound, one)  # went 3 entries over
+    assert _total(DiskCache(directory, max_bytes=bound)) <= bound
+    assert [n for n in os.listdir(directory) if n.endswith(".tmp")] == []

@@ -299,6 +299,7 @@ def test_the_runtime_checks_each_directory_once(tmp_path):
 # -- on a GPU: launches go on whatever the cache directory holds -----------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.gpu
 @pytest.mark.parametrize("plant", ["fifo", "dir-is-file", "world-writable", "forged"])
 def test_a_launch_succeeds_whatever_is_at_the_cache(tmp_path, plant):

@@ -86,6 +86,7 @@ def wild_store(a):
         a[i + (1 << 40)] = 1.0  # far past the array: an illegal address
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("in_chunk", [False, True])
 def test_an_illegal_address_names_the_kernel_and_launch(tmp_path, in_chunk):
     # In a fresh process: the context is unusable afterwards.

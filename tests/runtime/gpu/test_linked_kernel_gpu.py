@@ -40,6 +40,7 @@ def test_forall_uses_occupancy_block_size():
     assert grid[0] * block[0] >= 10_000
 
 
+@pytest.mark.slow
 def test_disk_cache_hits_in_a_fresh_process(tmp_path):
     blob = tmp_path / "launch.pkl"
     blob.write_bytes(pickle.dumps(saxpy.forall(16)))

@@ -4,7 +4,7 @@ import time
 
 import numpy as np
 import pytest
-from meter_helpers import Seen
+from kit.meter import Seen
 from numba import cuda
 
 import daskgpu as dg

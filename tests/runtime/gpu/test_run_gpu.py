@@ -108,6 +108,7 @@ def wild_store(a):
         a[i + (1 << 40)] = 1.0  # far past the array: an illegal address
 
 
+@pytest.mark.slow
 def test_a_sticky_error_raises_context_lost_and_the_runtime_does_nothing_else(tmp_path):
     # In a fresh process: the context is unusable afterwards. The runtime only
     # raises; replacing a Dask worker is its plugin's business (tests/dask/test_faults.py).

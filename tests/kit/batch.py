@@ -1,49 +1,9 @@
-"""The kernels and file helpers the batch tests share.
-
-Each kernel exists twice: compiled here (``saxpy``, ``affine``) for ``run_batch``, and as
-module source (``SAXPY_FILE``, ``AFFINE_FILE``) for ``daskgpu batch MODULE.py:FUNCTION``.
-"""
+"""What the batch tests share besides kernels (kit.kernels): stored inputs, a snapshot of
+a folder, and ``daskgpu batch`` of the affine kernel."""
 
 import os
 
-from numba import cuda
-
-import daskgpu as dg
-
-SAXPY_SIG = "void(float32[::1], float32, float32[::1], float32[::1])"
-AFFINE_SIG = "void(float64[::1], float64, float64[::1])"
-
-SAXPY_FILE = '''
-from numba import cuda
-
-def saxpy(out, a, x, y):
-    i = cuda.grid(1)
-    if i < out.size:
-        out[i] = a * x[i] + y[i]
-'''
-
-AFFINE_FILE = '''
-from numba import cuda
-
-def affine(out, a, x):
-    i = cuda.grid(1)
-    if i < out.size:
-        out[i] = a * x[i] + 1.0
-'''
-
-
-@dg.jit(SAXPY_SIG)
-def saxpy(out, a, x, y):
-    i = cuda.grid(1)
-    if i < out.size:
-        out[i] = a * x[i] + y[i]
-
-
-@dg.jit(AFFINE_SIG)
-def affine(out, a, x):
-    i = cuda.grid(1)
-    if i < out.size:
-        out[i] = a * x[i] + 1.0
+from kit.kernels import AFFINE_FILE, AFFINE_SIG
 
 
 def write_zarr(path, data, chunks) -> str:

@@ -1,6 +1,6 @@
 """What the restart tests share: a worker preload that imports slowly on demand, and a
 task that loses the CUDA context. Workers unpickle the task by reference, from this
-module (tests/conftest.py puts this folder on ``sys.path``; spawned workers inherit it).
+module (tests/conftest.py puts tests/ on ``sys.path``; spawned workers inherit it).
 """
 
 #: A preload module's source: it sleeps as many seconds as the file ``marker`` says,

@@ -1,0 +1,168 @@
+"""Launches sized for the GPU: small chunks grouped into larger launches, results unchanged.
+
+Each case maps the same kernel grouped (the default ``daskgpu.launch-bytes``)
+and once per chunk (``group=False``), and checks the results are identical and
+the grouped graph has fewer launch tasks.
+"""
+
+import dask
+import dask.array as da
+import numpy as np
+import pytest
+from layers import EXPRESSIONS
+from numba import cuda
+from numba.cuda.random import xoroshiro128p_uniform_float32
+
+import daskgpu as dg
+from daskgpu._dask.map_kernel.plan import group_chunks
+from daskgpu._dask.placement import runs_launch
+
+pytestmark = pytest.mark.grouped
+
+
+@dg.jit
+def scale(out, a, x):
+    i = cuda.grid(1)
+    if i < out.size:
+        out[i] = a * x[i]
+
+
+@dg.jit
+def smooth(out, x):
+    i = cuda.grid(1)
+    if 1 <= i < x.size - 1:
+        out[i] = x[i - 1] + x[i] + x[i + 1]
+
+
+@dg.jit
+def where_am_i(out, start):
+    i = cuda.grid(1)
+    if i < out.size:
+        out[i] = start + i
+
+
+@dg.jit
+def where_am_i_2d(out, r0, c0):
+    i, j = cuda.grid(2)
+    if i < out.shape[0] and j < out.shape[1]:
+        out[i, j] = (r0 + i) * 1000 + c0 + j
+
+
+@dg.jit
+def hist(counts, x):
+    i = cuda.grid(1)
+    if i < x.size:
+        cuda.atomic.add(counts, x[i] % 8, 1)
+
+
+@dg.jit
+def uniform(out, states):
+    i = cuda.grid(1)
+    if i < out.size:
+        out[i] = xoroshiro128p_uniform_float32(states, i)
+
+
+def _launches(arr) -> int:
+    """How many tasks of ``arr``'s optimized graph run a launch."""
+    (opt,) = dask.optimize(arr)
+    if EXPRESSIONS:
+        opt = arr.optimize()
+    return sum(1 for task in dict(opt.__dask_graph__()).values() if runs_launch(task))
+
+
+def _both(build):
+    with dask.config.set({"daskgpu.simulate": True}):
+        grouped, apart = build(None), build(False)
+        return grouped, apart, grouped.compute(), apart.compute()
+
+
+def test_a_plain_map_groups_small_chunks_into_one_launch():
+    x = da.from_array(np.arange(4096, dtype=np.float32), chunks=256)
+    grouped, apart, g, a = _both(
+        lambda group: dg.map_kernel(scale, dg.Out(like=x), 2.0, x, group=group))
+    np.testing.assert_array_equal(g, a)
+    assert grouped.chunks == ((4096,),) and apart.chunks == x.chunks
+    assert (_launches(grouped), _launches(apart)) == (1, 16)
+
+
+def test_a_size_sets_the_groups_and_false_turns_grouping_off():
+    x = da.from_array(np.arange(4096, dtype=np.float32), chunks=256)
+    with dask.config.set({"daskgpu.simulate": True}):
+        # 8 bytes an element (x and the output): 8 KiB is 1024 elements, 4 chunks.
+        z = dg.map_kernel(scale, dg.Out(like=x), 2.0, x, group="8 KiB")
+        assert z.chunks == ((1024,) * 4,)
+        assert dg.map_kernel(scale, dg.Out(like=x), 2.0, x, group=False).chunks == x.chunks
+        with dask.config.set({"daskgpu.launch-bytes": 0}):
+            assert dg.map_kernel(scale, dg.Out(like=x), 2.0, x).chunks == x.chunks
+        with pytest.raises(ValueError, match=r"group='lots'.*False \(no grouping\)"):
+            dg.map_kernel(scale, dg.Out(like=x), 2.0, x, group="lots")
+
+
+def test_a_halo_map_grouped_gives_the_same_result():
+    x = da.from_array(np.arange(2048, dtype=np.float64) ** 2, chunks=128)
+    grouped, apart, g, a = _both(
+        lambda group: dg.map_kernel(smooth, dg.Out(like=x), x, depth=1, boundary=0,
+                                    group=group))
+    np.testing.assert_array_equal(g, a)
+    assert _launches(grouped) < _launches(apart) == 16
+
+
+def test_offsets_stay_global_in_one_and_two_dimensions():
+    x = da.zeros(3000, chunks=100, dtype=np.int64)
+    grouped, _, g, a = _both(
+        lambda group: dg.map_kernel(where_am_i, dg.Out(like=x), dg.offset, group=group))
+    np.testing.assert_array_equal(g, np.arange(3000))
+    np.testing.assert_array_equal(g, a)
+    y = da.zeros((60, 50), chunks=(10, 10), dtype=np.int64)
+    grouped, apart, g, a = _both(
+        lambda group: dg.map_kernel(where_am_i_2d, dg.Out(like=y), dg.offset, group=group))
+    np.testing.assert_array_equal(g, a)
+    assert grouped.numblocks < apart.numblocks
+
+
+def test_a_combined_reduction_groups_and_one_kept_per_block_does_not():
+    xn = (np.arange(5000) % 13).astype(np.int64)
+    x = da.from_array(xn, chunks=100)
+    grouped, apart, g, a = _both(lambda group: dg.map_kernel(
+        hist, dg.Out(np.int64, per_chunk=8, combine="sum"), x, group=group))
+    np.testing.assert_array_equal(g, a)
+    np.testing.assert_array_equal(g, np.bincount(xn % 8, minlength=8))
+    assert _launches(grouped) < _launches(apart) == 50
+    with dask.config.set({"daskgpu.simulate": True}):
+        kept = dg.map_kernel(hist, dg.Out(np.int64, per_chunk=8), x)
+    assert kept.shape == (50, 8)  # one per storage chunk, as without grouping
+
+
+def test_random_states_do_not_depend_on_the_grouping():
+    x = da.zeros(4000, chunks=250, dtype=np.float32)
+    grouped, apart, g, a = _both(lambda group: dg.map_kernel(
+        uniform, dg.Out(like=x), dg.random_states(7), group=group))
+    np.testing.assert_array_equal(g, a)
+    assert _launches(grouped) < _launches(apart)
+
+
+def test_chunks_given_are_kept():
+    x = da.from_array(np.arange(4096, dtype=np.float32), chunks=256)
+    with dask.config.set({"daskgpu.simulate": True}):
+        z = dg.map_kernel(scale, dg.Out(like=x), 2.0, x, chunks=x.chunks)
+    assert z.chunks == x.chunks
+
+
+@pytest.mark.skipif(not EXPRESSIONS, reason="the source is reached on array expressions")
+def test_on_expressions_a_from_array_source_reads_the_groups_itself():
+    x = da.from_array(np.arange(4096, dtype=np.float32), chunks=256)
+    with dask.config.set({"daskgpu.simulate": True}):
+        z = dg.map_kernel(scale, dg.Out(like=x), 2.0, x)
+    assert len(dict(z.optimize().__dask_graph__())) == 2  # one read, one launch
+
+
+def test_groups_merge_neighbours_and_never_split_a_chunk():
+    chunks = ((3, 5, 2, 7, 1, 4, 6, 6, 6),)
+    grouped = group_chunks(chunks, per_element=4, target=4 * 28)
+    assert grouped == ((28, 12),)  # runs of whole chunks, at most 28 elements
+    assert sum(grouped[0]) == sum(chunks[0])
+    # The last axis first; an earlier one once the last is a single run.
+    assert group_chunks(((4,) * 3, (5,) * 4), per_element=1, target=80) == ((4,) * 3, (20,))
+    assert group_chunks(((4,) * 3, (5,) * 4), per_element=1, target=160) == ((8, 4), (20,))
+    # A chunk a quarter of the target or more: already large enough.
+    assert group_chunks(((3, 7),), per_element=1, target=27) is None

@@ -1,0 +1,59 @@
+"""The kernels many tests launch, defined once.
+
+Import them by name (``from kit.kernels import saxpy``): tests/conftest.py puts
+tests/ on ``sys.path``, and worker processes a test starts inherit it, so a
+kernel's Python function, which simulated launches run, unpickles there too.
+
+Each kernel's name (``saxpy``) is what launches report, errors name and
+metrics label, whichever module launches it. The eager kernels compile once a
+process, when this module is first imported; the lazy one compiles once per
+argument types and keeps what it compiled for the tests after.
+
+A kernel a command runs from a file of its own exists here as source too
+(``SAXPY_FILE``), for ``daskgpu batch MODULE.py:FUNCTION`` and worker scripts.
+"""
+
+from numba import cuda
+
+import daskgpu as dg
+
+SAXPY_SIG = "void(float32[::1], float32, float32[::1], float32[::1])"
+AFFINE_SIG = "void(float64[::1], float64, float64[::1])"
+
+SAXPY_FILE = '''
+from numba import cuda
+
+def saxpy(out, a, x, y):
+    i = cuda.grid(1)
+    if i < out.size:
+        out[i] = a * x[i] + y[i]
+'''
+
+AFFINE_FILE = '''
+from numba import cuda
+
+def affine(out, a, x):
+    i = cuda.grid(1)
+    if i < out.size:
+        out[i] = a * x[i] + 1.0
+'''
+
+
+@dg.jit(SAXPY_SIG)
+def saxpy(out, a, x, y):
+    """``out = a * x + y`` in float32, compiled when this module is imported."""
+    i = cuda.grid(1)
+    if i < out.size:
+        out[i] = a * x[i] + y[i]
+
+
+#: The same function compiled lazily, for the argument types of each first launch.
+saxpy_lazy = dg.jit(saxpy.py_func)
+
+
+@dg.jit(AFFINE_SIG)
+def affine(out, a, x):
+    """``out = a * x + 1`` in float64."""
+    i = cuda.grid(1)
+    if i < out.size:
+        out[i] = a * x[i] + 1.0
