@@ -344,8 +344,13 @@ class GPUPlacement(SchedulerPlugin):
         if scheduler is None or wait is None or not scheduler.unrunnable:
             return []
         now = monotonic() if now is None else now
+        def offered(asks):  # by a worker that is there, if not running now (paused)
+            return any(all(ws.resources.get(name, 0) >= v for name, v in asks.items())
+                       for ws in scheduler.workers.values())
+
         late = [ts for ts, since in list(scheduler.unrunnable.items())
-                if now - since > wait and GPU in (ts.resource_restrictions or {})]
+                if now - since > wait and GPU in (ts.resource_restrictions or {})
+                and not offered(ts.resource_restrictions)]
         if not late:
             return []
         from distributed.protocol import pickle
