@@ -185,6 +185,8 @@ def test_on_a_gpu_large_chunks_run_one_at_a_time_and_small_ones_four_at_a_time()
 def test_a_margin_at_or_above_the_device_memory_is_refused_not_an_offer_of_nothing():
     from daskgpu._dask.placement import memory_offer
 
-    with dask.config.set({"daskgpu.device-memory-margin": "2GiB"}):
+    # device-memory unset: this module's cluster sets it while it is open.
+    with dask.config.set({"daskgpu.device-memory-margin": "2GiB",
+                          "daskgpu.device-memory": None}):
         with pytest.raises(dg.ConfigError, match="device-memory-margin"):
             memory_offer(2**30, simulated=False)
