@@ -5,7 +5,7 @@ import dask
 import dask.array as da
 import numpy as np
 import pytest
-from distributed import Client, get_task_stream
+from distributed import Client, get_task_stream, wait
 from numba import cuda
 
 import daskgpu as dg
@@ -49,6 +49,13 @@ def _most_at_once(stream, name="double-") -> int:
         now += step
         most = max(most, now)
     return most
+
+
+def _launch_tasks(stream, name) -> int:
+    """How many tasks of ``stream`` (keys with ``name``) computed: a count of zero would
+    make :func:`_most_at_once` hold vacuously."""
+    return sum(1 for t in stream if name in str(t["key"])
+               for s in t["startstops"] if s["action"] == "compute")
 
 
 def _resources(client):
@@ -172,13 +179,19 @@ def test_on_a_gpu_large_chunks_run_one_at_a_time_and_small_ones_four_at_a_time()
         n = 80 * 2**20
         x = da.ones(4 * n, chunks=n, dtype=np.float32)
         big = dg.map_kernel(slow_double, dg.Out(np.float32, like=x), x, np.int32(300))
+        # The launches persisted, so that they are tasks of their own: a reduction over
+        # them (.sum()) fuses each launch into its sum task, under the sum's name.
         with get_task_stream(client) as ts:
-            assert client.compute(big.sum()).result() == 2 * 4 * n
+            big = client.persist(big)
+            wait(big)
+        assert _launch_tasks(ts.data, "slow_double-") == 4
         assert _most_at_once(ts.data, "slow_double-") == 1
+        assert big.sum().compute() == 2 * 4 * n
         small = da.ones(8 * 2**16, chunks=2**16, dtype=np.float32)  # 512 KB a chunk
         z = dg.map_kernel(slow_double, dg.Out(np.float32, like=small), small, np.int32(300))
         with get_task_stream(client) as ts:
-            client.compute(z).result()
+            wait(client.persist(z))
+        assert _launch_tasks(ts.data, "slow_double-") == 8
         assert _most_at_once(ts.data, "slow_double-") == 4
 
 
