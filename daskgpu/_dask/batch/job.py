@@ -252,6 +252,10 @@ def local_client(stack, devices=None, simulate=None):
             devices=devices, simulate=simulate, security=True,
             dashboard_address="127.0.0.1:0", preload=[WORKER_PRELOAD],
             silence_logs=logging.CRITICAL))  # the report names failed chunks
+    # The scheduler runs in this process, and distributed silences it only while the
+    # cluster starts: stopped by a signal, its comms to the workers close mid-send and
+    # it logged a traceback before the run's one line.
+    logging.getLogger("distributed.batched").setLevel(logging.CRITICAL)
     return stack.enter_context(Client(cluster))
 
 
