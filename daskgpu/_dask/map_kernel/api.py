@@ -71,8 +71,9 @@ def map_kernel(kernel, *args, depth=None, boundary=None, tpb=0, name=None, grid_
     depth, boundary
         Halos, as in ``da.map_overlap``: each chunk is extended by ``depth``
         elements per side (an int, or a per-axis tuple or dict), ``boundary``
-        fills the outer edges (``"none"`` by default, or ``"reflect"``,
-        ``"periodic"``, ``"nearest"``, a constant). Outputs are allocated like
+        fills the outer edges: None (the default) or ``"none"`` leaves them
+        without a halo, as ``da.map_overlap`` does; or ``"reflect"``,
+        ``"periodic"``, ``"nearest"``, a constant. Outputs are allocated like
         the extended chunk and trimmed afterwards.
     tpb : int
         Threads per block; 0 asks the occupancy API, whose choice differs
