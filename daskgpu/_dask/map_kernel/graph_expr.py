@@ -31,7 +31,7 @@ from dask.tokenize import _tokenize_deterministic
 
 from daskgpu._dask.map_kernel.arguments import Out
 from daskgpu._dask.map_kernel.chunk_task import run_chunk
-from daskgpu._dask.map_kernel.graph_hlg import embeds, unified
+from daskgpu._dask.map_kernel.graph_hlg import HLGLayer, embeds, unified
 
 __all__ = ["ExprLayer", "LaunchKey", "MapKernel", "Placeholder"]
 
@@ -183,26 +183,6 @@ class ExprLayer:
                          *pairs, places, mapped)
         return new_collection(expr)
 
-    @staticmethod
-    def select(launched, i, name, meta, per_chunk=None):
-        """Result ``i`` of each launch of a map that returns several, named ``name``:
-        aligned with the blocks, or one block of ``per_chunk`` per launch."""
-        import operator
-
-        from dask.array import blockwise
-
-        ndim = launched.ndim
-        mapped = tuple(range(ndim))[::-1]
-        new = tuple(range(ndim, ndim + len(per_chunk or ())))
-        return blockwise(
-            operator.getitem, mapped + new, launched, mapped, i, None, name=name, meta=meta,
-            new_axes=dict(zip(new, per_chunk or ())),
-            adjust_chunks=None if per_chunk is None else dict.fromkeys(mapped, 1),
-            align_arrays=False, concatenate=True)
-
-    @staticmethod
-    def combine(partials, ndim, fold, split_every, name, axis):
-        from daskgpu._dask.map_kernel import reduction
-
-        return reduction.combine_partials(partials, ndim, fold, split_every, name=name,
-                                          axis=axis)
+    # dask.array's blockwise and reduction are the layer's own: one code serves both.
+    select = staticmethod(HLGLayer.select)
+    combine = staticmethod(HLGLayer.combine)

@@ -113,7 +113,8 @@ class HLGLayer:
     @staticmethod
     def select(launched, i, name, meta, per_chunk=None):
         """Result ``i`` of each launch of a map that returns several, named ``name``:
-        aligned with the blocks, or one block of ``per_chunk`` per launch."""
+        aligned with the blocks, or one block of ``per_chunk`` per launch. ``da.blockwise``
+        is the layer's own, so the expression layer uses this too."""
         import operator
 
         from dask.array import blockwise
