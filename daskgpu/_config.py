@@ -237,6 +237,7 @@ SETTINGS = {
     "device-memory": _optional_bytes(1),
     "device-memory-margin": _bytes(0),
     "cancel-grace": _seconds(optional=False),
+    "no-worker-timeout": _seconds(optional=True),
 }
 #: Settings whose values no message shows.
 SECRET_SETTINGS = frozenset({"bundle-key"})

@@ -26,12 +26,15 @@ import threading
 
 from dask._task_spec import Alias, DataNode, Task, TaskRef
 from distributed.diagnostics.plugin import SchedulerPlugin
+from distributed.scheduler import NoValidWorkerError
 
 from daskgpu._bounded import BoundedCache
 from daskgpu._dask.map_kernel.chunk_task import run_chunk
+from daskgpu._image.random_states import STATE_DTYPE, RandomStates
 from daskgpu._runtime.launch_task import LaunchTask
 
-__all__ = ["GPU", "GPUPlacement", "GPU_MEMORY", "LAUNCH_SHARE", "device_bytes",
+__all__ = ["GPU", "GPUPlacement", "GPU_MEMORY", "LAUNCH_SHARE", "NoGPUWorkerError",
+           "UNPLACED_CALLBACK", "UNPLACED_PERIOD", "device_bytes",
            "ensure_placement", "launches_in", "memory_offer", "runs_launch"]
 
 logger = logging.getLogger("daskgpu")
@@ -163,19 +166,21 @@ def device_bytes(node, tasks) -> int:
     graph was built (on its ``ChunkLaunch``, read through the map's launch key in
     ``tasks``, the scheduler's tasks, when it is not in the task) and the block
     shape in the task's place. A ``client.submit`` launch asks for its arguments'
-    bytes: arrays in the task, and the futures it reads, by their size on the
-    scheduler. 0 when nothing is known.
+    bytes: arrays in the task, random states, and the futures it reads, by their
+    size on the scheduler (0 while one is not computed yet). 0 when nothing is known.
     """
     return _memory_asks(node, tasks)[0]
 
 
-def _memory_asks(node, tasks) -> tuple[int, int]:
-    """``(bytes for this task's chunks, bytes for its maps' largest chunks)``."""
+def _memory_asks(node, tasks) -> tuple[int, int, bool]:
+    """``(bytes for this task's chunks, bytes for its maps' largest chunks, whether every
+    size is known)``: a submitted launch's future not yet computed has no size yet."""
     def spec(key):
         ts = tasks.get(key)
         return None if ts is None else ts.run_spec
 
     need = most = 0
+    known = True
     for task, launch, lookup in launches_in(node, spec):
         if launch is None:
             continue
@@ -183,10 +188,11 @@ def _memory_asks(node, tasks) -> tuple[int, int]:
             need += launch.device_bytes(_block_shape(task, lookup))
             most += launch.device_bytes()
         else:  # a Launch, submitted with its arguments
-            asked = launch.device_bytes(argument_bytes=sum(
-                _nbytes(a, tasks) for a in task.args))
+            sizes = [_nbytes(a, tasks) for a in task.args]
+            known = known and None not in sizes
+            asked = launch.device_bytes(argument_bytes=sum(n or 0 for n in sizes))
             need, most = need + asked, most + asked
-    return need, most
+    return need, most, known
 
 
 def _block_shape(task, lookup):
@@ -198,13 +204,18 @@ def _block_shape(task, lookup):
     return None
 
 
-def _nbytes(node, tasks) -> int:
-    """An argument's size: an inline array's, or a computed key's on the scheduler."""
+def _nbytes(node, tasks) -> int | None:
+    """An argument's size: an inline array's, random states' (built on the device), or a
+    computed key's on the scheduler; None for a key not computed yet."""
     if isinstance(node, TaskRef | Alias):
         ts = tasks.get(node.key if isinstance(node, TaskRef) else node.target)
-        return 0 if ts is None else max(int(ts.nbytes or 0), 0)
+        if ts is None:
+            return 0
+        return None if ts.nbytes is None or ts.nbytes < 0 else int(ts.nbytes)
     if isinstance(node, DataNode):
         node = node.value
+    if isinstance(node, RandomStates):
+        return int(node.n or 0) * STATE_DTYPE.itemsize
     return max(int(getattr(node, "nbytes", 0) or 0), 0)
 
 
@@ -221,6 +232,13 @@ class GPUPlacement(SchedulerPlugin):
     While no worker offers ``GPU`` (a CPU cluster that simulates), tasks are
     left alone: a restriction would make them wait for a GPU that never comes.
 
+    It also asks, for each launch task, the ``GPU-memory`` it needs
+    (:func:`device_bytes`; a submitted launch reading a future not computed
+    yet asks for the largest offer until it is), fails a launch task that no
+    worker could take for ``daskgpu.no-worker-timeout`` seconds
+    (:class:`NoGPUWorkerError`), and gives the launch tasks running beside one
+    that lost its worker's CUDA context one more try.
+
     Examples
     --------
     >>> from distributed import Client
@@ -231,9 +249,127 @@ class GPUPlacement(SchedulerPlugin):
     name = "daskgpu-gpu-placement"
     idempotent = True
 
+    def __init__(self):
+        # Launch tasks that read a future not computed when they were submitted, with the
+        # GPU-memory their annotation asked: they ask for the whole largest offer until
+        # every size is known, then for what they need.
+        self._unsized = {}
+        # Launch tasks given one more try because another task lost their worker's CUDA
+        # context while they ran, with their own retries.
+        self._retried = {}
+
     def update_graph(self, scheduler, *, tasks, **kwargs) -> None:
         if not scheduler.resources.get(GPU):
             return
+        for key in tasks:
+            ts = scheduler.tasks.get(key)
+            if ts is None or ts.run_spec is None or not runs_launch(ts.run_spec):
+                continue
+            restrictions = dict(ts.resource_restrictions or {})
+            restrictions[GPU] = max(restrictions.get(GPU, 0), LAUNCH_SHARE)
+            ts.resource_restrictions = restrictions
+            self._ask_memory(scheduler, ts)
+
+    def transition(self, key, start, finish, *args, **kwargs) -> None:
+        """Ask again, by their arguments' sizes, for the memory of the launch tasks that
+        waited on ``key``, now computed; forget a task that is forgotten; when ``key``
+        lost its worker's CUDA context, have the launches running beside it run again."""
+        if finish == "forgotten":
+            self._unsized.pop(key, None)
+        if start == "processing" and finish != "processing":
+            if key in self._retried:
+                self._restore_retries(key)
+            if finish == "erred" and _lost_context(kwargs.get("exception_text")):
+                self._retry_beside(key, kwargs.get("worker"))
+        if finish != "memory" or not self._unsized:
+            return
+        scheduler = self._scheduler
+        ts = scheduler.tasks.get(key) if scheduler is not None else None
+        for dependent in ts.dependents if ts is not None else ():
+            if dependent.key in self._unsized and dependent.state == "waiting":
+                self._ask_memory(scheduler, dependent)
+
+    async def start(self, scheduler) -> None:
+        self._scheduler = scheduler
+        callbacks = getattr(scheduler, "periodic_callbacks", None)
+        if isinstance(callbacks, dict) and UNPLACED_CALLBACK not in callbacks:
+            from tornado.ioloop import PeriodicCallback
+
+            callbacks[UNPLACED_CALLBACK] = looking = PeriodicCallback(
+                self.fail_unplaced, UNPLACED_PERIOD * 1000)
+            looking.start()
+
+    async def close(self) -> None:
+        callbacks = getattr(self._scheduler, "periodic_callbacks", None)
+        if isinstance(callbacks, dict) and UNPLACED_CALLBACK in callbacks:
+            callbacks.pop(UNPLACED_CALLBACK).stop()
+
+    _scheduler = None
+
+    def _retry_beside(self, key, address) -> None:
+        """Give each launch task running on the worker at ``address``, beside ``key`` (which
+        lost the worker's CUDA context), one more try: any of them now fails for that
+        task's fault, with the same lost context, and must run again on a fresh worker.
+        (The worker itself takes no new task until its nanny replaces it.)"""
+        scheduler = self._scheduler
+        ws = scheduler.workers.get(address) if scheduler is not None and address else None
+        for ts in list(ws.processing) if ws is not None else ():
+            if ts.key != key and ts.key not in self._retried and ts.run_spec is not None \
+                    and runs_launch(ts.run_spec):
+                self._retried[ts.key] = ts.retries
+                ts.retries += 1
+
+    def _restore_retries(self, key) -> None:
+        """The task ``key`` left the worker whose context was lost: its own retries again."""
+        retries = self._retried.pop(key)
+        ts = self._scheduler.tasks.get(key) if self._scheduler is not None else None
+        if ts is not None:
+            ts.retries = retries
+
+    def fail_unplaced(self, now: float | None = None) -> list:
+        """Fail the launch tasks that no worker could take for ``daskgpu.no-worker-timeout``
+        seconds (waiting in the scheduler's ``no-worker`` state), each naming what it asks
+        and what the workers offer; their keys.
+
+        A task waits there when no worker of the cluster offers what it asks, as when
+        the one worker with enough ``GPU-memory`` has died and no other will take its
+        chunks; distributed would have it wait for ever.
+        """
+        from time import monotonic
+
+        from daskgpu import _config
+
+        scheduler = self._scheduler
+        wait = _config.get("no-worker-timeout")
+        if scheduler is None or wait is None or not scheduler.unrunnable:
+            return []
+        now = monotonic() if now is None else now
+        def offered(asks):  # by a worker that is there, if not running now (paused)
+            return any(all(ws.resources.get(name, 0) >= v for name, v in asks.items())
+                       for ws in scheduler.workers.values())
+
+        late = [ts for ts, since in list(scheduler.unrunnable.items())
+                if now - since > wait and GPU in (ts.resource_restrictions or {})
+                and not offered(ts.resource_restrictions)]
+        if not late:
+            return []
+        from distributed.protocol import pickle
+
+        offers = {ws.address: dict(ws.resources) for ws in scheduler.workers.values()}
+        stimulus_id = f"daskgpu-no-worker-timeout-{now}"
+        recommendations = {}
+        for ts in late:
+            error = NoGPUWorkerError.of(ts.key, _kernel_name(ts, scheduler.tasks),
+                                        dict(ts.resource_restrictions), offers, wait)
+            recommendations.update(scheduler.transition(
+                ts.key, "erred", exception=pickle.dumps(error), cause=ts.key,
+                stimulus_id=stimulus_id))
+            logger.error("daskgpu: %s", error)
+        scheduler.transitions(recommendations, stimulus_id=stimulus_id)
+        return [ts.key for ts in late]
+
+    def _ask_memory(self, scheduler, ts) -> None:
+        """Set the ``GPU-memory`` the launch task ``ts`` asks for."""
         # A launch never asks for more than the largest worker has: one that needs more
         # (a submitted launch on large arrays; maps are refused when built) runs alone
         # there, rather than wait for a worker that never comes.
@@ -241,22 +377,91 @@ class GPUPlacement(SchedulerPlugin):
         # GPU-memory=nan) is not one: asking for it would leave tasks waiting for ever.
         largest = max((offer for ws in scheduler.workers.values()
                        if _finite(offer := ws.resources.get(GPU_MEMORY, 0))), default=0)
-        for key in tasks:
-            ts = scheduler.tasks.get(key)
-            if ts is None or ts.run_spec is None or not runs_launch(ts.run_spec):
-                continue
-            restrictions = dict(ts.resource_restrictions or {})
-            restrictions[GPU] = max(restrictions.get(GPU, 0), LAUNCH_SHARE)
-            if largest:
-                need, most = _memory_asks(ts.run_spec, scheduler.tasks)
-                need = min(need, largest)
-                asked = restrictions.get(GPU_MEMORY, 0)
-                # The map's own annotation asks for its largest chunk (what holds where
-                # this plugin is not); its task's own chunk replaces that. An ask above
-                # it is the user's, and kept.
-                if need:
-                    restrictions[GPU_MEMORY] = need if asked <= most else max(asked, need)
+        if not largest:
+            return
+        need, most, known = _memory_asks(ts.run_spec, scheduler.tasks)
+        restrictions = dict(ts.resource_restrictions or {})
+        # The annotation's ask, as it was before a first ask of this plugin's replaced it.
+        asked = self._unsized.pop(ts.key, restrictions.get(GPU_MEMORY, 0))
+        if not known:  # runs alone until its futures' sizes are known
+            self._unsized[ts.key] = asked
+            need = largest
+        need = min(need, largest)
+        # The map's own annotation asks for its largest chunk (what holds where this
+        # plugin is not); its task's own chunk replaces that. An ask above it is the
+        # user's, and kept.
+        if need:
+            restrictions[GPU_MEMORY] = need if asked <= most else max(asked, need)
             ts.resource_restrictions = restrictions
+
+
+#: The scheduler's periodic callback that fails launch tasks no worker can take.
+UNPLACED_CALLBACK = "daskgpu-no-worker-timeout"
+
+#: Seconds between two looks at the tasks waiting for a worker.
+UNPLACED_PERIOD = 1.0
+
+
+class NoGPUWorkerError(NoValidWorkerError):
+    """No worker of the cluster offered what a launch task asks (the ``GPU`` resource, the
+    ``GPU-memory`` its chunk needs) for ``daskgpu.no-worker-timeout`` seconds.
+
+    A :class:`distributed.scheduler.NoValidWorkerError`, as distributed's own
+    ``no-workers-timeout`` raises, whose message names the kernel, what the task
+    asks and what each worker offers.
+
+    Examples
+    --------
+    >>> str(NoGPUWorkerError.of(("double-1", 0), "double", {"GPU-memory": 2048},
+    ...                         {"tcp://a:1": {"GPU": 1, "GPU-memory": 1024}}, 60.0))[:58]
+    "kernel 'double' (task ('double-1', 0)) asks for GPU-memory"
+    """
+
+    @classmethod
+    def of(cls, key, kernel, asks, offers, timeout) -> NoGPUWorkerError:
+        from dask.utils import format_bytes
+
+        def said(resources):
+            return ", ".join(f"{name}={format_bytes(int(v)) if name == GPU_MEMORY else f'{v:g}'}"
+                             for name, v in sorted(resources.items())) or "nothing"
+
+        offered = "; ".join(f"{address}: {said(r)}" for address, r in sorted(offers.items()))
+        message = (
+            f"kernel {kernel!r} (task {key!r}) asks for {said(asks)}, and no worker of the "
+            f"cluster offered that for {timeout:g} s (daskgpu.no-worker-timeout): "
+            + (f"the workers offer {offered}" if offers else "there are no workers")
+            + "; start a worker that offers it (a GPU with more memory, or a larger "
+            "daskgpu.device-memory), or use smaller chunks")
+        return cls(key, set(), set(), asks, timeout, message)
+
+    def __init__(self, task, host_restrictions, worker_restrictions, resource_restrictions,
+                 timeout, message=""):
+        Exception.__init__(self, task, host_restrictions, worker_restrictions,
+                           resource_restrictions, timeout, message)
+
+    def __str__(self) -> str:
+        return self.args[5]
+
+
+def _lost_context(exception_text) -> bool:
+    """Whether a task's error, as the scheduler has its text, is a lost CUDA context."""
+    from daskgpu._errors import ContextLostError, LaunchTimeoutError
+
+    return isinstance(exception_text, str) and exception_text.startswith(
+        (f"{ContextLostError.__name__}(", f"{LaunchTimeoutError.__name__}("))
+
+
+def _kernel_name(ts, tasks) -> str:
+    """The name of the kernel the scheduler's task ``ts`` launches (its key's, else)."""
+    from dask.utils import key_split
+
+    def spec(key):
+        found = tasks.get(key)
+        return None if found is None else found.run_spec
+
+    launch = next((launch for _, launch, _ in launches_in(ts.run_spec, spec)
+                   if launch is not None), None)
+    return launch.kernel_name if launch is not None else key_split(ts.key)
 
 
 # Schedulers known to run the plugin, by address (client side).

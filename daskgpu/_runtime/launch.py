@@ -15,7 +15,7 @@ from daskgpu._errors import LaunchConfigError, PicklingError
 from daskgpu._image.array_info import Zeroed, array_info
 from daskgpu._image.launch_config import LaunchConfig
 from daskgpu._image.random_states import RandomStates
-from daskgpu._runtime import backends
+from daskgpu._runtime import backends, launch_runs
 from daskgpu._runtime.launch_task import LaunchTask
 
 if TYPE_CHECKING:
@@ -118,6 +118,8 @@ class Launch(LaunchTask):
     def __call__(self, *args: Any) -> Any:
         fast = self._fast
         if fast is not None:
+            if launch_runs.watching:  # linked already: its own run starts now
+                launch_runs.began()
             result = fast(args)
             if result is not NotImplemented:
                 return result

@@ -27,11 +27,11 @@ import warnings
 import cloudpickle
 import numpy as np
 
-from daskgpu._errors import LaunchConfigError
+from daskgpu._errors import DaskGPUError, LaunchConfigError
 from daskgpu._image.array_info import Zeroed
 from daskgpu._image.launch_config import DeviceLimits, pad3, task_counts
 from daskgpu._image.random_states import host_states
-from daskgpu._runtime import faults
+from daskgpu._runtime import faults, launch_runs
 
 # The simulator keeps its kernel context in a module global and supports one
 # launch at a time per process.
@@ -131,7 +131,8 @@ def run_function(py_func, config, args, cc=None):
     ]
     copies = {}
     raised = []
-    kernel = FakeCUDAKernel(_trapping(_simulable(py_func, copies), raised), device=False)
+    halt = _Halt()
+    kernel = FakeCUDAKernel(_trapping(_simulable(py_func, copies), raised, halt), device=False)
     try:
         with _launch_lock, _shared_limit(limits, cc, config.sharedmem, name), \
                 warnings.catch_warnings():
@@ -139,8 +140,20 @@ def run_function(py_func, config, args, cc=None):
             # (numba's xoroshiro128+ adds uint64s); numpy's scalars would warn. The
             # filter is process-wide, but simulated launches hold the lock anyway.
             warnings.filterwarnings("ignore", "overflow encountered", RuntimeWarning)
-            kernel[grid, block, 0, config.sharedmem](*(copy for _, copy in staged))
-    except _Raised:
+            if launch_runs.watching:  # its own run starts now, the lock held
+                launch_runs.began(halt.stop)
+            try:
+                kernel[grid, block, 0, config.sharedmem](*(copy for _, copy in staged))
+            finally:
+                if launch_runs.watching:
+                    launch_runs.ended()
+            if halt.stopped:
+                raise _Halted()
+    except (_Raised, _Halted):
+        if halt.stopped:
+            raise DaskGPUError(
+                f"simulated kernel {name!r} was stopped by its worker (over its time limit, "
+                "or cancelled)") from None
         exc, thread, cta = raised[0]
         if isinstance(exc, LaunchConfigError):  # the launch refused (shared memory): no thread's
             raise exc from None
@@ -229,12 +242,54 @@ class _Raised(Exception):
     a class whose constructor wants others)."""
 
 
-def _trapping(fn, raised: list):
+class _Halted(Exception):
+    """Raised in a simulated thread whose launch was stopped (:class:`_Halt`)."""
+
+
+class _Halt:
+    """Stops a simulated launch: its threads run Python, so an exception raised in each
+    (at its next bytecode) ends it, and the simulator's process-wide launch lock is
+    released, which a kernel that never ends would otherwise hold for good."""
+
+    __slots__ = ("threads", "stopped", "lock")
+
+    def __init__(self):
+        self.threads = set()  # ids of the launch's simulated threads now running
+        self.stopped = False
+        self.lock = threading.Lock()
+
+    def enter(self) -> None:
+        with self.lock:
+            if self.stopped:
+                raise _Halted()
+            self.threads.add(threading.get_ident())
+
+    def leave(self) -> None:
+        with self.lock:
+            self.threads.discard(threading.get_ident())
+
+    def stop(self) -> None:
+        import ctypes
+
+        with self.lock:
+            self.stopped = True
+            for ident in self.threads:
+                ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(ident),
+                                                           ctypes.py_object(_Halted))
+
+
+def _trapping(fn, raised: list, halt: _Halt | None = None):
     """``fn``, keeping the first exception a simulated thread raises in ``raised``,
-    as ``(exception, threadIdx, blockIdx)``."""
+    as ``(exception, threadIdx, blockIdx)``; a thread of a stopped launch (``halt``) ends."""
     def kernel(*args):
         try:
-            fn(*args)
+            if halt is not None:
+                halt.enter()
+            try:
+                fn(*args)
+            finally:
+                if halt is not None:
+                    halt.leave()
         except Exception as exc:
             thread = threading.current_thread()  # the simulator's BlockThread
             with _raised_lock:

@@ -12,6 +12,7 @@ import time
 
 import numpy as np
 import pytest
+from distributed import Client
 from numba import cuda
 
 import daskgpu as dg
@@ -147,6 +148,55 @@ def test_a_task_that_loses_the_cuda_context_fails_and_its_worker_is_replaced():
         assert again.result(timeout=60) == 1
 
 
+@pytest.mark.slow
+def test_tasks_that_meet_a_context_lost_by_another_run_again_on_the_fresh_worker():
+    # One worker, two threads, three launch tasks: one loses the CUDA context (as the
+    # runtime reports it); one running beside it meets the lost context; one waits for a
+    # thread. Only the first fails: the others run again on the worker's fresh process.
+    # Simulated: the "context" is an environment variable of the worker's process.
+    import os
+
+    from daskgpu._errors import ContextLostError
+    from daskgpu._runtime.launch_task import LaunchTask
+
+    class Probe(LaunchTask):  # a launch task whose "kernel" is the lines below
+        kernel_name, timeout = "probe", None
+
+        def __init__(self, loses):
+            self.loses = loses
+
+        def device_bytes(self, block=None, argument_bytes=0):
+            return 0
+
+        def __call__(self, *args):
+            if self.loses:
+                time.sleep(1)
+                os.environ["DASKGPU_TEST_CONTEXT"] = "lost"
+                raise ContextLostError(700, "launching kernel 'wild' failed: "
+                                            "CUDA_ERROR_ILLEGAL_ADDRESS")
+            for _ in range(30):  # 3 s: as long as the first runs, and more
+                if os.environ.get("DASKGPU_TEST_CONTEXT") == "lost":
+                    time.sleep(0.5)  # its next CUDA call, after the first one's failure
+                    raise ContextLostError(700, "cuMemAllocAsync failed: "
+                                                "CUDA_ERROR_ILLEGAL_ADDRESS")
+                time.sleep(0.1)
+            return os.getpid()
+
+    with dg.LocalGPUCluster(simulate=True, devices=1, threads_per_worker=2,
+                            dashboard_address=None) as cluster, \
+            Client(cluster) as client:
+        client.wait_for_workers(1, timeout=60)
+        (first_pid,) = client.run(os.getpid).values()
+        bad = client.submit(Probe(True), pure=False)
+        beside = client.submit(Probe(False), pure=False)
+        time.sleep(0.2)
+        queued = client.submit(Probe(False), pure=False)
+        with pytest.raises(ContextLostError, match="launching kernel 'wild' failed"):
+            bad.result(timeout=120)
+        pids = [beside.result(timeout=120), queued.result(timeout=120)]
+        assert first_pid not in pids  # both ran on the fresh process
+
+
 @dg.jit("void(float32[::1])")
 def wild_store(a):
     i = cuda.grid(1)
@@ -186,3 +236,21 @@ def test_illegal_address_fails_the_task_and_the_worker_is_replaced():
             pytest.fail(f"worker was not replaced: before {before}, now {now}")
         again = client.submit(ones.forall(64), np.zeros(64, np.float32), pure=False)
         assert (again.result(timeout=60) == 1).all()
+
+
+@pytest.mark.slow
+@pytest.mark.gpu
+def test_on_a_gpu_a_map_submitted_right_after_one_that_loses_the_context_runs():
+    import dask.array as da
+
+    with dg.LocalGPUCluster(simulate=False, dashboard_address=None) as cluster, \
+            Client(cluster) as client:
+        # Each chunk of the wild map loses a context of its own: two are enough.
+        w = da.zeros(2 << 16, chunks=1 << 16, dtype=np.float32)
+        x = da.zeros(1 << 20, chunks=1 << 16, dtype=np.float32)
+        bad = client.compute(dg.map_kernel(wild_store, dg.Out(np.float32, like=w)))
+        good = client.compute(dg.map_kernel(ones, dg.Out(np.float32, like=x)))
+        with pytest.raises(dg.ContextLostError, match="wild_store"):
+            bad.result(timeout=120)
+        bad.release()
+        assert (good.result(timeout=180) == 1).all()

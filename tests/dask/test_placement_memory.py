@@ -1,12 +1,16 @@
 """Launches share a GPU by its memory: each asks what its chunk needs on the device, of
 the GPU-memory its worker offers, so launches running at once never ask for more."""
 
+import re
+import time
+
 import dask
 import dask.array as da
 import numpy as np
 import pytest
 from distributed import Client, get_task_stream, wait
 from numba import cuda
+from numba.cuda.random import xoroshiro128p_uniform_float32
 
 import daskgpu as dg
 from daskgpu._dask.placement import GPU_MEMORY
@@ -124,6 +128,125 @@ def test_a_submitted_launch_asks_for_its_arrays_bytes(client):
     future = client.submit(double.forall(big.size), np.zeros_like(big), big, pure=False)
     np.testing.assert_array_equal(future.result(timeout=60), 2 * big)
     assert client.run_on_scheduler(asked, key=future.key)[GPU_MEMORY] == OFFER
+
+
+def _asked(client, keys) -> dict:
+    """The GPU-memory each of ``keys`` asks of the scheduler."""
+    def asked(dask_scheduler, keys=tuple(keys)):
+        return {k: (dask_scheduler.tasks[k].resource_restrictions or {}).get(GPU_MEMORY)
+                for k in keys}
+
+    return client.run_on_scheduler(asked)
+
+
+def _slowly(chunk):
+    time.sleep(2)
+    return chunk
+
+
+def _made_late(n):
+    time.sleep(1)  # not computed yet when the launches that read it are submitted
+    return np.arange(n, dtype=np.float32)
+
+
+def test_a_launch_reading_a_future_not_yet_computed_asks_for_it_once_known(client):
+    # Two launches of 48 KB each (a 24 KB output, and a 24 KB future that is pending at
+    # submit): together more than the device's 64 KiB, so they never run at once.
+    n = 6000
+    with get_task_stream(client) as ts:
+        pending = client.submit(_made_late, n, pure=False)
+        launches = [client.submit(double.forall(n), np.zeros(n, np.float32), pending,
+                                  pure=False) for _ in range(2)]
+        for future in launches:
+            np.testing.assert_array_equal(future.result(timeout=120),
+                                          2 * np.arange(n, dtype=np.float32))
+    assert _asked(client, [f.key for f in launches]) == {f.key: 8 * n for f in launches}
+    assert _launch_tasks(ts.data, "double-") == 2
+    assert _most_at_once(ts.data) == 1
+
+
+@dg.jit
+def uniform(out, states):
+    i = cuda.grid(1)
+    if i < out.size:
+        out[i] = xoroshiro128p_uniform_float32(states, i)
+
+
+def test_random_states_are_counted_16_bytes_an_element(client):
+    x = da.zeros(4000, chunks=1000, dtype=np.float32)
+    z = dg.map_kernel(uniform, dg.Out(np.float32, like=x), dg.random_states(7)).persist()
+    wait(z)
+    keys = [k for k in client.run_on_scheduler(
+        lambda dask_scheduler: list(dask_scheduler.tasks)) if "uniform-" in str(k)]
+    assert keys and set(_asked(client, keys).values()) == {1000 * (4 + 16)}
+    del z
+    # A chunk whose states take the device past its offer is refused when the graph is built.
+    big = da.zeros(8000, chunks=4000, dtype=np.float32)  # 16 KB out, 64 KB of states
+    with pytest.raises(ValueError, match=r"^kernel 'uniform' needs 78.12 kiB of device memory"):
+        dg.map_kernel(uniform, dg.Out(np.float32, like=big), dg.random_states(7))
+
+
+def test_a_submitted_launch_counts_its_random_states(client):
+    n = 1000
+    future = client.submit(uniform.forall(n), np.zeros(n, np.float32),
+                           dg.random_states(7, n), pure=False)
+    assert future.result(timeout=60).shape == (n,)
+    assert _asked(client, [future.key]) == {future.key: n * (4 + 16)}
+
+
+def test_chained_maps_that_fit_only_apart_are_not_fused(client):
+    # Each map needs 36 KB a chunk (4 bytes in, 4 out an element); fused into one task
+    # both are on the device at once, 72 KB, more than the 64 KiB offer.
+    x = da.arange(4500 * 2, chunks=4500, dtype=np.float32)
+    y = dg.map_kernel(double, dg.Out(np.float32, like=x), x)
+    z = dg.map_kernel(double, dg.Out(np.float32, like=y), y)
+    got = client.compute(z).result(timeout=120)
+    np.testing.assert_array_equal(got, 4 * np.arange(9000, dtype=np.float32))
+    assert _in_graph(z, y)  # the first map's launches are tasks of their own
+
+    # Maps that fit together are still fused: the first map's launches run in the second's.
+    x = da.arange(1000 * 2, chunks=1000, dtype=np.float32)
+    y = dg.map_kernel(double, dg.Out(np.float32, like=x), x)
+    z = dg.map_kernel(double, dg.Out(np.float32, like=y), y)
+    assert not _in_graph(z, y)
+    np.testing.assert_array_equal(client.compute(z).result(timeout=120),
+                                  4 * np.arange(2000, dtype=np.float32))
+
+
+def _in_graph(result, earlier) -> bool:
+    """Whether the tasks of the map ``earlier`` are in ``result``'s graph (not fused)."""
+    return any(key[0] == earlier.name for key in dict(result.__dask_graph__()))
+
+
+@pytest.mark.slow
+def test_a_launch_no_worker_can_take_fails_after_the_timeout_naming_what_it_asks():
+    # Two workers, one offering 64 KiB and one 16 KiB: a map of 36 KB chunks can run only
+    # on the first. It leaves; the map's tasks wait for a worker that never comes, and
+    # fail after daskgpu.no-worker-timeout, naming what they ask and what is offered.
+    with dask.config.set({"daskgpu.device-memory": OFFER, "daskgpu.no-worker-timeout": 3}), \
+            dg.LocalGPUCluster(simulate=True, processes=False, devices=[0, 1],
+                               dashboard_address=None) as cluster, Client(cluster) as client:
+        client.wait_for_workers(2, timeout=60)
+        large, small = sorted(client.scheduler_info(n_workers=-1)["workers"])
+
+        async def offer_less(dask_worker):
+            await dask_worker.set_resources(**{GPU_MEMORY: 16 * 1024})
+
+        client.run(offer_less, workers=[small])
+        x = da.arange(4500 * 4, chunks=4500, dtype=np.float32)  # 36 KB a chunk
+        x = x.map_blocks(_slowly, dtype=x.dtype)  # the launches wait: "mid-compute"
+        z = dg.map_kernel(double, dg.Out(np.float32, like=x), x)
+        future = client.compute(z)
+        time.sleep(0.5)
+        client.retire_workers([large], close_workers=True)
+        started = time.monotonic()
+        with pytest.raises(Exception, match=r"^kernel 'double' \(task .*\) asks for "
+                                            r"GPU=0.000976562, GPU-memory=35.16 kiB, and no worker "
+                                            r"of the cluster offered that for 3 s "
+                                            r"\(daskgpu.no-worker-timeout\): the workers offer "
+                                            rf"{re.escape(small)}: GPU=1, GPU-memory=16.00 kiB; start"):
+            future.result(timeout=60)
+        assert time.monotonic() - started < 30
 
 
 @pytest.mark.slow

@@ -25,13 +25,19 @@ from daskgpu._config import flag
 from daskgpu._dask.cluster_facts import check_chunk_fits
 from daskgpu._dask.map_kernel.arguments import Out, offset
 from daskgpu._dask.map_kernel.chains import ChainLink, chains, fuse
-from daskgpu._dask.map_kernel.chunk_params import ChunkPlaces, OutParam, PerChunkParam
+from daskgpu._dask.map_kernel.chunk_params import (
+    ChunkPlaces,
+    OutParam,
+    PerChunkParam,
+    StatesParam,
+)
 from daskgpu._dask.map_kernel.chunk_task import ChunkLaunch, ChunkMemory
 from daskgpu._dask.map_kernel.graph_hlg import HLGLayer
 from daskgpu._dask.map_kernel.keywords import check_chunks
 from daskgpu._dask.map_kernel.plan import MapPlan, plan_map
 from daskgpu._dask.map_kernel.reduction import mapped_axes
 from daskgpu._dask.placement import GPU, GPU_MEMORY, LAUNCH_SHARE
+from daskgpu._image.random_states import STATE_DTYPE
 
 __all__ = ["Out", "graph_layer", "map_kernel", "offset"]
 
@@ -321,7 +327,12 @@ def _build(plan: MapPlan, layer) -> tuple:
     fn = ChunkLaunch(plan.kernel, plan.param_objects, tuple(r.index for r in plan.returns),
                      plan.rank, plan.tpb, plan.on_device, timeout=plan.timeout, memory=need)
     if not any(halo) and flag("fuse-chains", True):
-        fn, task_args = fuse(fn, task_args, plan, blocks, block_chunks)
+        fused, fused_args = fuse(fn, task_args, plan, blocks, block_chunks)
+        # A fused task holds every launch's arrays at once: where that is more than any
+        # worker offers, though each map alone fits, the maps stay apart.
+        gpu_memory = plan.cluster.gpu_memory
+        if fused is fn or not gpu_memory or fused.device_bytes() <= gpu_memory:
+            fn, task_args = fused, fused_args
     name, returns = plan.name, plan.returns
     # Kept through blockwise fusion on the HighLevelGraph layer; the scheduler's
     # placement plugin covers the rest (and expressions, which carry no annotations).
@@ -352,7 +363,8 @@ def _build(plan: MapPlan, layer) -> tuple:
 
 def _chunk_memory(plan: MapPlan, task_args, block_chunks) -> ChunkMemory:
     """The device memory a chunk's launch needs: its chunks and whole arrays copied in
-    (CuPy chunks are there already), and its outputs, as a function of its block."""
+    (CuPy chunks are there already), its outputs, and its random states (built on the
+    device, 16 bytes an element), as a function of its block."""
     import dask.array as da
 
     block_chunks = tuple(tuple(axis) for axis in block_chunks)
@@ -373,6 +385,8 @@ def _chunk_memory(plan: MapPlan, task_args, block_chunks) -> ChunkMemory:
             fixed += math.prod(param.shape) * np.dtype(param.dtype).itemsize
         elif isinstance(param, OutParam):
             per_element += np.dtype(param.dtype).itemsize
+        elif isinstance(param, StatesParam):
+            per_element += STATE_DTYPE.itemsize
     largest = math.prod(max(c, default=0) for c in block_chunks)
     return ChunkMemory(int(fixed), int(per_element), int(largest))
 

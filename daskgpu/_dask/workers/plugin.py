@@ -56,13 +56,17 @@ class GPUWorkerPlugin(WorkerPlugin):
     When a task on the worker fails with a
     :class:`~daskgpu.ContextLostError` (a sticky CUDA error: the
     process's context is unusable), the plugin closes the worker process
-    half a second later, after the task's error has gone to the scheduler;
-    its nanny then starts a fresh process. It does the same for a launch
+    half a second later, after the task's error has gone to the scheduler,
+    starting no other task meanwhile; its nanny then starts a fresh process,
+    and the launch tasks that were running beside the failed one run again
+    (:class:`~daskgpu._dask.placement.GPUPlacement`). It does the same for a launch
     task over its time limit, which it fails with a
     :class:`~daskgpu.LaunchTimeoutError`, and for a cancelled launch task
     still running ``daskgpu.cancel-grace`` seconds later
     (:mod:`~daskgpu._dask.workers.watchdog`): a kernel that will not end
-    holds its GPU until its context is torn down.
+    holds its GPU until its context is torn down. A time limit counts the
+    launch's own run, from when its kernel starts. On a worker without a
+    nanny, which cannot be replaced, a simulated launch is stopped instead.
 
     From setup to teardown, each launch in a task reports its time by
     activity (``link``, ``copy-in``, ``launch``, ``kernel``, ``copy-out``; see

@@ -3,10 +3,13 @@
 A Dask task cannot be interrupted once it runs, and a thread waiting for a
 CUDA kernel cannot be made to stop; only tearing down the process's CUDA
 context frees the GPU. :class:`LaunchWatch` keeps, for each task running a
-launch on its worker, when it started and its limit: the launch's own
-``timeout`` (``map_kernel(timeout=)``, ``kernel.configure(..., timeout=)``),
-else the worker's ``daskgpu.launch-timeout``. Four times a second
-(:data:`PERIOD`) it is asked what is overdue:
+launch on its worker, when its launch began its own run and its limit: the
+launch's own ``timeout`` (``map_kernel(timeout=)``, ``kernel.configure(...,
+timeout=)``), else the worker's ``daskgpu.launch-timeout``. The runtime marks
+when a launch's own run begins, after its worker's start, its image's link and
+any wait for the simulator's lock (:mod:`daskgpu._runtime.launch_runs`), so a
+limit means the same on a cold worker. Four times a second (:data:`PERIOD`) it
+is asked what is overdue:
 
 - a task over its limit fails at once, with one line naming the kernel, the
   chunk and the limit (:class:`~daskgpu.LaunchTimeoutError`, raised into the task's
@@ -17,7 +20,10 @@ else the worker's ``daskgpu.launch-timeout``. Four times a second
 
 The process is replaced as after a lost CUDA context: the worker closes, its
 nanny starts a fresh one on the same GPU with the same plugin, and the other
-tasks that were running on it run again, as after a lost worker.
+tasks that were running on it run again, as after a lost worker. A worker
+without a nanny (``processes=False``) cannot be replaced: there a simulated
+launch, which runs Python, is stopped instead, and the worker goes on; a GPU
+kernel cannot be stopped, and that worker closes.
 """
 
 from __future__ import annotations
@@ -33,9 +39,10 @@ from distributed.protocol import pickle
 from daskgpu import _config
 from daskgpu._dask.placement import launches_in
 from daskgpu._errors import ContextLostError, LaunchTimeoutError
+from daskgpu._runtime import launch_runs
 
-__all__ = ["GRACE", "PERIOD", "WATCH_CALLBACK", "LaunchGuard", "LaunchWatch", "close_worker",
-           "launch_of", "lost_context", "timeout_message"]
+__all__ = ["GRACE", "PERIOD", "STARTUP", "WATCH_CALLBACK", "LaunchGuard", "LaunchWatch",
+           "close_worker", "launch_of", "lost_context", "timeout_message"]
 
 logger = logging.getLogger("daskgpu")
 
@@ -49,6 +56,11 @@ GRACE = 0.5
 #: Seconds between two looks at the running launches.
 PERIOD = 0.25
 
+#: Seconds a launch task may take to begin its launch's own run (its worker's start,
+#: the image's link, a wait for the simulator's lock) before its time limit counts
+#: anyway.
+STARTUP = 120.0
+
 
 class LaunchWatch:
     """The launch tasks running on one worker, each with its start and time limit.
@@ -57,28 +69,42 @@ class LaunchWatch:
     --------
     >>> watch = LaunchWatch(default_limit=None, grace=2.0)
     >>> watch.started("k", 1.0, now=10.0, kernel="spin")
-    >>> watch.overdue(now=10.5), watch.overdue(now=11.5)
+    >>> watch.launched("k", 12.0)  # its own run: after its worker's start and its link
+    >>> watch.overdue(now=12.5), watch.overdue(now=13.5)
     ([], [('k', 1.0)])
     >>> watch.kernel("k")
     'spin'
-    >>> watch.cancelled("k", now=11.6)
-    >>> watch.stuck(now=12.0), watch.stuck(now=13.7)
+    >>> watch.cancelled("k", now=13.6)
+    >>> watch.stuck(now=14.0), watch.stuck(now=15.7)
     ([], ['k'])
     """
 
     def __init__(self, default_limit: float | None, grace: float):
         self.default_limit = default_limit
         self.grace = grace
-        self._running = {}  # key -> (start, limit or None)
+        self._running = {}  # key -> [start, limit or None, start of the launch's own run]
         self._kernels = {}  # key -> the kernel's name
         self._cancelled = {}  # key -> when it was cancelled
 
     def started(self, key, limit: float | None, now: float | None = None,
                 kernel: str | None = None) -> None:
+        """The task ``key`` started; its limit counts from its launch's own run
+        (:meth:`launched`), or from :data:`STARTUP` seconds on if that never comes."""
         limit = self.default_limit if limit is None else limit
-        self._running[key] = (time.monotonic() if now is None else now, limit)
+        self._running[key] = [time.monotonic() if now is None else now, limit, None]
         if kernel is not None:
             self._kernels[key] = kernel
+
+    def launched(self, key, when: float) -> None:
+        """The launch of task ``key`` began its own run at ``when`` (its latest launch's,
+        for a task of several); a mark from before the task started is another task's."""
+        running = self._running.get(key)
+        if running is not None and when >= running[0]:
+            running[2] = when
+
+    def keys(self) -> list:
+        """The keys of the tasks watched."""
+        return list(self._running)
 
     def kernel(self, key) -> str | None:
         """The name of the kernel the task ``key`` launches, where it was given."""
@@ -88,6 +114,12 @@ class LaunchWatch:
         if key in self._running:
             self._cancelled[key] = time.monotonic() if now is None else now
 
+    def resumed(self, key) -> None:
+        """The cancelled task ``key`` is wanted again while its thread still runs (the same
+        key submitted anew): the same run goes on, under its time limit, no longer
+        cancelled."""
+        self._cancelled.pop(key, None)
+
     def ended(self, key) -> None:
         self._running.pop(key, None)
         self._kernels.pop(key, None)
@@ -96,8 +128,9 @@ class LaunchWatch:
     def overdue(self, now: float | None = None) -> list:
         """``(key, limit)`` of each task over its limit, not yet cancelled."""
         now = time.monotonic() if now is None else now
-        return [(key, limit) for key, (start, limit) in self._running.items()
-                if limit is not None and now - start > limit and key not in self._cancelled]
+        return [(key, limit) for key, (start, limit, run) in self._running.items()
+                if limit is not None and key not in self._cancelled
+                and now - (start + STARTUP if run is None else run) > limit]
 
     def stuck(self, now: float | None = None) -> list:
         """Keys of cancelled tasks still running ``grace`` seconds after they were cancelled."""
@@ -123,11 +156,13 @@ def launch_of(run_spec, data) -> object | None:
                  if launch is not None), None)
 
 
-def timeout_message(key, limit: float, kernel: str | None = None) -> str:
+def timeout_message(key, limit: float, kernel: str | None = None,
+                    stopped: bool = False) -> str:
     """The one line of a task that outlived its limit: the kernel, the chunk, the limit.
 
     ``kernel`` is the launch's own name (its ``LaunchTask.kernel_name``);
-    without it, the task's name stands in.
+    without it, the task's name stands in. ``stopped``: the launch was stopped
+    (simulated, on a worker without a nanny), and the worker goes on.
 
     Examples
     --------
@@ -136,9 +171,10 @@ def timeout_message(key, limit: float, kernel: str | None = None) -> str:
     """
     kernel = kernel or key_split(key)
     chunk = f" on chunk {tuple(key[1:])}" if isinstance(key, tuple) and len(key) > 1 else ""
+    then = ("the simulated launch was stopped, and the worker goes on" if stopped else
+            "the worker's process is replaced to free its GPU, and its other tasks run again")
     return (f"kernel {kernel!r}{chunk} did not finish within its time limit of {limit:g} s "
-            "(timeout=, or daskgpu.launch-timeout); the worker's process is replaced to free "
-            "its GPU, and its other tasks run again")
+            f"(timeout=, or daskgpu.launch-timeout); {then}")
 
 
 class LaunchGuard:
@@ -158,10 +194,14 @@ class LaunchGuard:
         self.closing = False
         #: The running launches' time limits and cancellations.
         self.watch = None
+        # Tasks failed over their limit whose simulated launch was stopped: their worker
+        # is not wedged, and is not closed.
+        self._stopped = set()
 
     def setup(self, worker) -> None:
         self.worker = worker
         self.watch = LaunchWatch.from_config()
+        launch_runs.watch()  # launches mark when their own run begins
         callbacks = getattr(worker, "periodic_callbacks", None)
         if isinstance(callbacks, dict) and WATCH_CALLBACK not in callbacks:
             from tornado.ioloop import PeriodicCallback
@@ -178,9 +218,12 @@ class LaunchGuard:
     def transition(self, key, start, finish) -> None:
         """Watch a running launch's time and its cancellation; close the worker after a
         task failed with a lost CUDA context (or over its time limit)."""
-        if finish == "executing" or start == "executing":
-            self._watch_task(key, finish)
+        if "executing" in (start, finish) or start == "cancelled":
+            self._watch_task(key, start, finish)
         if finish != "error" or self.worker is None or self.closing:
+            return
+        if key in self._stopped:  # its launch stopped, its worker not wedged
+            self._stopped.discard(key)
             return
         task = self.worker.state.tasks.get(key)
         if task is None or not lost_context(task):
@@ -189,11 +232,17 @@ class LaunchGuard:
         worker = self.worker
         logger.error("daskgpu: task %r lost the CUDA context (%s); closing worker %s so "
                      "its nanny restarts it", key, task.exception_text, worker.address)
+        # A task it started now would meet the lost context and fail for another's fault:
+        # it starts none until it closes, and the tasks it holds then run elsewhere, on
+        # its fresh process among others. (As a paused worker does. Its status is left
+        # alone: telling the scheduler it was closing made the failed task's error go
+        # missing, and the task ran again on the fresh worker.)
+        worker.state.running = False
         # A kernel over its time limit still runs: the process must end, not close.
         hung = "LaunchTimeoutError" in (task.exception_text or "")
         worker.loop.call_later(GRACE, close_worker, worker, hung)
 
-    def _watch_task(self, key, finish) -> None:
+    def _watch_task(self, key, start, finish) -> None:
         watch, worker = self.watch, self.worker
         if watch is None or worker is None:
             return
@@ -202,6 +251,11 @@ class LaunchGuard:
             launch = launch_of(task.run_spec, worker.data) if task is not None else None
             if launch is not None:
                 watch.started(key, launch.timeout, kernel=launch.kernel_name)
+        elif getattr(task, "state", None) == "executing":
+            # Cancelled, then wanted again before its thread returned (the same key
+            # submitted anew): distributed resumes the running task, seen as "cancelled"
+            # to "waiting". The launch still runs, and is watched as before.
+            watch.resumed(key)
         elif _still_running(task):  # cancelled while it runs (seen as "released")
             watch.cancelled(key)
         else:
@@ -209,27 +263,47 @@ class LaunchGuard:
 
     def look(self) -> None:
         """Fail the launch tasks over their time limit; replace the process whose cancelled
-        launch is still running after the grace period."""
+        launch is still running after the grace period.
+
+        On a worker without a nanny, which cannot be replaced, a simulated launch is
+        stopped instead (its threads run Python), so that the worker, and the other
+        workers and the client sharing its process, are not left wedged.
+        """
         watch, worker = self.watch, self.worker
         if not watch or worker is None or self.closing:
             return
+        threads = {key: ident for ident, key in
+                   dict(getattr(worker, "active_threads", None) or {}).items()}
+        for key in watch.keys():
+            when = launch_runs.started(threads[key]) if key in threads else None
+            if when is not None:
+                watch.launched(key, when)
+        alone = not getattr(worker, "nanny", None)
         for key, limit in watch.overdue():
             kernel = watch.kernel(key)
             watch.ended(key)
             task = worker.state.tasks.get(key)
             if task is None or task.state != "executing":
                 continue
+            stopped = alone and key in threads and launch_runs.stop(threads[key])
+            if stopped:
+                self._stopped.add(key)
             # Raised into the task's state, not its thread, which may never return; the
             # error's transition then closes the worker, as for a lost context.
             from distributed.worker_state_machine import ExecuteFailureEvent
 
             worker.handle_stimulus(ExecuteFailureEvent.from_exception(
-                LaunchTimeoutError(timeout_message(key, limit, kernel)), key=key,
+                LaunchTimeoutError(timeout_message(key, limit, kernel, stopped)), key=key,
                 run_id=task.run_id, start=task.start_time, stop=time.time(),
                 stimulus_id=f"daskgpu-launch-timeout-{time.time()}"))
         for key in watch.stuck():
-            if not _still_running(worker.state.tasks.get(key)):
+            task = worker.state.tasks.get(key)
+            if getattr(task, "state", None) == "executing":
+                watch.resumed(key)  # wanted again: its time limit holds as before
+            elif not _still_running(task):
                 watch.ended(key)  # its thread returned within the grace after all
+            elif alone and key in threads and launch_runs.stop(threads[key]):
+                watch.ended(key)  # stopped: its thread returns now
         stuck = watch.stuck()
         if stuck and not self.closing:
             self.closing = True

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 
 from daskgpu._errors import DeviceError
+from daskgpu._runtime import launch_runs
 from daskgpu._runtime.backends.base import Backend, Devices
 
 __all__ = ["GPUBackend"]
@@ -34,6 +35,12 @@ class GPUBackend(Backend):
     def run(self, image, config, args, infos, function=None) -> None:
         from daskgpu._runtime.gpu.run import run
 
+        if launch_runs.watching:  # its own run starts once its image is linked
+            from daskgpu._runtime.gpu import device
+            from daskgpu._runtime.gpu.linked_kernel import linked
+
+            linked(image, device.current())
+            launch_runs.began()
         run(image, config, args, infos)
 
     def repeat_launch(self, image, config, infos, args, images):

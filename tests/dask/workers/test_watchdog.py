@@ -10,7 +10,7 @@ from distributed import Client
 from numba import cuda
 
 import daskgpu as dg
-from daskgpu._dask.workers.watchdog import LaunchWatch
+from daskgpu._dask.workers.watchdog import STARTUP, LaunchWatch
 
 dg._config.register()  # before dask.config.set, so the defaults outlive its blocks
 
@@ -109,6 +109,29 @@ def test_a_cancelled_launch_that_spins_frees_its_worker_after_the_grace(one_work
 
 
 @pytest.mark.slow
+def test_a_launch_cancelled_and_submitted_again_under_its_key_keeps_its_time_limit(one_worker):
+    # As re-running a notebook cell after an interrupt does: the same key, cancelled while
+    # its kernel runs, then submitted again. The worker resumes the running task, and its
+    # time limit still holds.
+    client = one_worker
+    launch = spin.forall(1, timeout=3)
+    future = client.submit(launch, np.zeros(1, np.int64), key="spin-cell")
+    time.sleep(1)
+    assert future.status == "pending"
+    future.cancel()
+    while future.status != "cancelled":
+        time.sleep(0.05)
+    del future
+    while "spin-cell" in client.futures or client.run_on_scheduler(  # all let go of it
+            lambda dask_scheduler: "spin-cell" in dask_scheduler.tasks):
+        time.sleep(0.05)
+    time.sleep(1)  # a person re-runs the cell a moment later: every message has landed
+    again = client.submit(launch, np.zeros(1, np.int64), key="spin-cell")
+    with pytest.raises(dg.LaunchTimeoutError, match="time limit of 3 s"):
+        again.result(timeout=60)
+
+
+@pytest.mark.slow
 def test_launches_that_end_are_left_alone(one_worker):
     x = np.arange(64, dtype=np.float32)
     out = one_worker.submit(double.forall(64, timeout=30), np.zeros_like(x), x).result()
@@ -120,13 +143,115 @@ def test_the_watch_keeps_time_and_the_grace():
     watch = LaunchWatch(default_limit=10.0, grace=2.0)
     watch.started("a", None, now=0.0)  # the default limit
     watch.started("b", 1.0, now=0.0)
-    assert watch.overdue(now=5.0) == [("b", 1.0)]
+    assert watch.overdue(now=5.0) == []  # neither launch has begun its own run
+    watch.launched("a", 0.0)
+    watch.launched("b", 3.0)
+    assert watch.overdue(now=3.5) == [] and watch.overdue(now=5.0) == [("b", 1.0)]
     watch.cancelled("a", now=5.0)
     assert watch.overdue(now=11.0) == [("b", 1.0)]  # a cancelled task is not also failed
     assert watch.stuck(now=6.0) == [] and watch.stuck(now=7.5) == ["a"]
+    watch.resumed("a")  # wanted again while it runs: no longer stuck, and timed again
+    assert watch.stuck(now=7.5) == [] and watch.overdue(now=11.0) == [("a", 10.0), ("b", 1.0)]
     watch.ended("a")
     watch.ended("b")
     assert not watch and watch.stuck(now=100.0) == []
+
+
+def test_a_launch_that_never_begins_its_run_is_timed_after_the_startup_allowance():
+    watch = LaunchWatch(default_limit=None, grace=2.0)
+    watch.started("k", 1.0, now=0.0)
+    watch.launched("k", -5.0)  # another task's launch on the same thread: not this one's
+    assert watch.overdue(now=STARTUP) == [] and watch.overdue(now=STARTUP + 1.5) == [("k", 1.0)]
+
+
+@dg.jit("void(float32[::1], int64)")
+def busy(out, iters):
+    # One simulated thread computing for a while: a launch that holds the simulator.
+    i = cuda.grid(1)
+    if i == 0:
+        v = np.float32(0)
+        for _ in range(iters):
+            v = v * np.float32(0.5) + np.float32(1)
+        out[0] = v
+
+
+@pytest.mark.slow
+def test_a_time_limit_counts_the_launch_s_own_run_not_its_wait_to_start():
+    # Two threads share one simulated worker; the simulator runs one launch at a time, so
+    # the second launch waits for the first's seconds before its own run, which is quick:
+    # its limit of 1 s counts that run, as it would on a cold worker's link.
+    with dg.LocalGPUCluster(simulate=True, devices=1, threads_per_worker=2,
+                            dashboard_address=None) as cluster, Client(cluster) as client:
+        client.wait_for_workers(1, timeout=60)
+        long = client.submit(busy.forall(1), np.zeros(1, np.float32), 3_000_000, pure=False)
+        while not client.processing() or not any(client.processing().values()):
+            time.sleep(0.05)
+        time.sleep(0.5)  # the long launch runs, holding the simulator
+        x = np.arange(8, dtype=np.float32)
+        quick = client.submit(double.forall(8, timeout=1), np.zeros_like(x), x, pure=False)
+        np.testing.assert_array_equal(quick.result(timeout=120), 2 * x)
+        assert long.result(timeout=120)[0] > 1
+        assert long.status == "finished"
+
+
+@pytest.mark.slow
+def test_a_launch_over_its_limit_on_a_worker_without_a_nanny_is_stopped_and_wedges_nothing():
+    # Threaded workers share one process, and the simulator's launch lock: the stopped
+    # launch must release it, for the other worker's maps and the client's own launches.
+    import threading
+
+    import dask.array as da
+
+    with dg.LocalGPUCluster(simulate=True, processes=False, devices=[0, 1],
+                            dashboard_address=None) as cluster, Client(cluster) as client:
+        client.wait_for_workers(2, timeout=60)
+        first, second = sorted(_addresses(client))
+        with pytest.raises(dg.LaunchTimeoutError, match="time limit of 1 s.*the simulated "
+                                                        "launch was stopped"):
+            # One simulated thread (see the test below for why).
+            client.submit(spin.configure(1, 1, timeout=1), np.zeros(1, np.int64),
+                          workers=[first], pure=False).result(timeout=60)
+        x = da.arange(64, chunks=16, dtype=np.float32)
+        z = dg.map_kernel(double, dg.Out(np.float32, like=x), x)
+        np.testing.assert_array_equal(client.compute(z, workers=[second]).result(timeout=60),
+                                      2 * np.arange(64, dtype=np.float32))
+        # The client's own launch, in a thread, so that a wedged simulator fails the test.
+        out = np.zeros(8, np.float32)
+        local = threading.Thread(target=double[1, 8], args=(out, np.ones(8, np.float32)),
+                                 daemon=True)
+        local.start()
+        local.join(60)
+        assert not local.is_alive() and (out == 2).all()
+        # The worker is not wedged either: it takes launches again.
+        again = client.submit(double.forall(8), np.zeros(8, np.float32),
+                              np.ones(8, np.float32), workers=[first], pure=False)
+        assert (again.result(timeout=60) == 2).all()
+        assert _addresses(client) == {first, second}
+
+
+@pytest.mark.slow
+def test_a_cancelled_spinning_launch_on_a_worker_without_a_nanny_is_stopped_after_the_grace():
+    import threading
+
+    with dg.LocalGPUCluster(simulate=True, processes=False, devices=[0],
+                            dashboard_address=None) as cluster, Client(cluster) as client:
+        client.wait_for_workers(1, timeout=60)
+        before = _addresses(client)
+        # One simulated thread: 64 spinning ones (a forall block) share the GIL with the
+        # event loop of every worker in the process, and slow it down for minutes.
+        future = client.submit(spin[1, 1], np.zeros(1, np.int64), pure=False)
+        time.sleep(1)
+        future.cancel()
+        out = np.zeros(8, np.float32)  # the client's own launch waits for the simulator
+        local = threading.Thread(target=double[1, 8], args=(out, np.ones(8, np.float32)),
+                                 daemon=True)
+        local.start()
+        local.join(60)
+        assert not local.is_alive() and (out == 2).all()
+        x = np.arange(8, dtype=np.float32)
+        again = client.submit(double.forall(8), np.zeros_like(x), x, pure=False)
+        np.testing.assert_array_equal(again.result(timeout=60), 2 * x)
+        assert _addresses(client) == before  # the same worker, not wedged
 
 
 def test_a_time_limit_is_a_positive_number():
