@@ -35,6 +35,7 @@ from contextlib import ExitStack
 import numpy as np
 
 from daskgpu._dask.batch import ledger as _ledger
+from daskgpu._dask.batch.groups import Layout, check_group, plan_layout
 from daskgpu._dask.batch.inputs import resolve_inputs
 from daskgpu._dask.batch.plan import PlannedJob, argument_order, misfit_error, plan_job
 from daskgpu._dask.batch.progress import BatchStart, as_progress
@@ -50,7 +51,7 @@ __all__ = ["BatchReport", "batch_kernel", "local_client", "run_batch"]
 # -- running --------------------------------------------------------------------
 def run_batch(kernel, inputs, outputs, *, scalars=(), order=None, chunks=None, client=None,
               devices=None, simulate=None, retries=2, progress=True, resume=True,
-              max_chunks=None):
+              max_chunks=None, group=None):
     """Run ``kernel`` over stored arrays, writing its outputs to zarr chunk by chunk.
 
     The kernel is called per chunk as ``kernel(*outputs, *scalars, *inputs)``
@@ -109,6 +110,20 @@ def run_batch(kernel, inputs, outputs, *, scalars=(), order=None, chunks=None, c
         overwrites the outputs and computes everything.
     max_chunks : int, optional
         Compute at most this many chunks in this run, then stop.
+    group : bool or int or str, optional
+        Launches sized for the GPU rather than for the storage, as
+        :func:`~daskgpu.map_kernel`'s ``group=``: where a stored chunk needs
+        less than a quarter of ``daskgpu.launch-bytes`` (32 MiB by default; at
+        most a quarter of a worker's ``GPU-memory``) of device memory, its
+        inputs and outputs together, one task reads a group of neighbouring
+        chunks that needs about that much, launches the kernel once over it,
+        and writes and records every chunk of it, each on its own in the
+        ledger, so resuming still goes chunk by chunk. The kernel then sees
+        the group as one chunk: a kernel whose result depends on where the
+        chunks begin (chunk-local indices) needs ``group=False``. A group
+        that fails is run again one task a chunk, so that only its failing
+        chunks fail. None or True: the setting; False: one task a chunk; a
+        size (bytes, or a string such as ``"64 MiB"``): that target.
 
     Returns
     -------
@@ -143,6 +158,7 @@ def run_batch(kernel, inputs, outputs, *, scalars=(), order=None, chunks=None, c
 
     progress = as_progress(progress)
     kernel = batch_kernel(kernel)
+    group = check_group(group)
     for name, value, low in (("retries", retries, 0), ("max_chunks", max_chunks, 0)):
         if value is not None and (isinstance(value, bool)
                                   or not isinstance(value, numbers.Integral) or value < low):
@@ -170,7 +186,7 @@ def run_batch(kernel, inputs, outputs, *, scalars=(), order=None, chunks=None, c
                 client = local_client(stack, devices, simulate)
             if client is not None:
                 stack.enter_context(client.as_current())  # map_kernel asks it for GPUs
-            return _execute(job, client, retries, progress, max_chunks)
+            return _execute(job, client, retries, progress, max_chunks, group)
     except Exception:
         if given is not None:
             _check_connected(given)  # a lost scheduler, whatever the call that noticed
@@ -279,82 +295,110 @@ def _verified(job, client) -> PlannedJob:
     """``job`` with only the recorded chunks that still hold as done, in grid order.
 
     Checked on ``client``, or, without one, in this process, so that a
-    rerun with nothing left to compute starts no cluster.
+    rerun with nothing left to compute starts no cluster. The check reads
+    the inputs in groups of chunks as the writes do, sized by the setting
+    alone (it launches nothing, so the workers' GPUs do not bound it).
     """
     import dask.array as da
     from dask.threaded import get as threaded_get
 
+    from daskgpu._dask.cluster_facts import ClusterFacts
+
     if not job.done:
         return job
-    first = job.first
-    check = da.map_blocks(ChunkCheck(job.outputs, job.nonces), *job.arrays,
-                          name=f"batch-check-{secrets.token_hex(8)}",
-                          chunks=tuple((1,) * n for n in first.numblocks),
-                          meta=np.empty((0,) * first.ndim, np.bool_))
-    chunks = sorted(job.done)
-    keys = [(check.name, *c) for c in chunks]
+    layout = _layout(job, None, ClusterFacts())
+    check = da.map_blocks(ChunkCheck(job.outputs, job.nonces, job.chunksize, layout.per_task),
+                          *job.read_in(layout), name=f"batch-check-{secrets.token_hex(8)}",
+                          chunks=layout.block_chunks(),
+                          meta=np.empty((0,) * layout.ndim, np.bool_))
+    members = layout.members(sorted(job.done))
+    keys = [(check.name, *t) for t in members]
     graph = check.__dask_graph__()
     results = client.get(graph, keys) if client is not None else threaded_get(dict(graph),
                                                                                 keys)
-    good = {c for c, r in zip(chunks, results) if bool(np.asarray(r).all())}
-    stale = tuple(c for c in chunks if c not in good)
+    good = set()
+    for chunks, holds in zip(members.values(), results):
+        good.update(c for c in chunks if holds[layout.within(c)])
+    stale = tuple(c for c in sorted(job.done) if c not in good)
     for chunk in stale:  # computed again; a crash before then must not trust them
         for path in job.outputs:
             _ledger.forget(path, chunk)
     return dataclasses.replace(job, done=frozenset(good), stale=stale)
 
 
-def _write_tasks(job):
-    """One write task per chunk, as a dask array of chunks ``(1, ...)``."""
+def _layout(job, group, cluster) -> Layout:
+    """How ``job``'s chunks are gathered into tasks (:mod:`.groups`)."""
+    dtypes = [a.dtype for a in job.arrays] + [a for a in job.arguments
+                                              if isinstance(a, np.dtype)]
+    return plan_layout(job.first.shape, job.chunksize, dtypes, group, cluster)
+
+
+def _write_tasks(job, layout, mask=None):
+    """The write tasks, one per task of ``layout``, as a dask array of its grid of tasks.
+
+    ``mask`` (a bool array over the stored chunks) says which chunks to write
+    where a task holds some that are not to be; None: every chunk of a task.
+    """
     import dask.array as da
 
     from daskgpu._dask.map_kernel.api import Out, map_kernel
 
-    arguments = [Out(a, like=job.first) if isinstance(a, np.dtype) else a
-                 for a in job.arguments]
+    arrays = job.read_in(layout)
+    arguments = [Out(a, like=arrays[0]) if isinstance(a, np.dtype) else a
+                 for a in job.arguments_with(arrays)]
     try:
-        # One launch per stored chunk: a write task and the ledger go by stored chunk.
+        # The tasks are grouped here, where the inputs are read: map_kernel must
+        # keep them, since a write task and the ledger go by the layout's tasks.
         results = map_kernel(job.kernel, *arguments, group=False)
     except (TypeError, CompileError) as exc:
         raise misfit_error(job.kernel, job.order, job.arguments, exc) from None
     results = (results,) if not isinstance(results, tuple) else results
     results = results[:len(job.outputs)]  # inputs the kernel writes are not stored
-    writer = ChunkWriter(job.outputs, job.chunksize, job.nonces)
-    return da.map_blocks(writer, *results, *job.arrays,
+    masks = () if mask is None else (da.from_array(mask, chunks=layout.block_chunks()),)
+    writer = ChunkWriter(job.outputs, job.chunksize, job.nonces, layout.per_task,
+                         masked=mask is not None)
+    return da.map_blocks(writer, *results, *arrays, *masks,
                          name=f"batch-write-{secrets.token_hex(8)}",
-                         chunks=tuple((1,) * n for n in job.first.numblocks),
-                         meta=np.empty((0,) * job.first.ndim, np.bool_))
+                         chunks=layout.block_chunks(),
+                         meta=np.empty((0,) * layout.ndim, np.bool_))
 
 
 # -- executing ------------------------------------------------------------------
-def _execute(job, client, retries, progress, max_chunks) -> BatchReport:
+def _execute(job, client, retries, progress, max_chunks, group) -> BatchReport:
     """Compute the chunks left, telling ``progress`` of each; the report."""
     from distributed import as_completed
+
+    from daskgpu._dask.cluster_facts import cluster_facts
 
     start = time.perf_counter()
     grid = job.grid
     skipped = tuple(c for c in grid if c in job.done)
     todo = job.todo
     now, later = (todo, []) if max_chunks is None else (todo[:max_chunks], todo[max_chunks:])
-    progress.start(_plan(job, client, len(skipped), len(now), len(later)))
+    layout = _layout(job, group, cluster_facts()) if now else None
+    progress.start(_plan(job, client, len(skipped), len(now), len(later), layout))
     computed, failed = [], {}
-    futures = []
+    futures, members = [], {}
     report = None
     try:
         if now:
-            status = _write_tasks(job)
-            # Dask retries a failing task (the read, the launch or the write) itself.
-            futures = client.get(status.__dask_graph__(), [(status.name, *c) for c in now],
-                                 sync=False, retries=retries)
-        for fut in as_completed(futures) if futures else ():
-            chunk = fut.key[1:]
+            futures = _submit(job, client, layout, now, retries, members)
+        found = as_completed(futures)
+        for fut in found if futures else ():
+            chunks = members.pop(fut.key)
             if fut.status == "finished":
-                computed.append(chunk)
-                progress.chunk_done(chunk)
-            else:
-                _check_connected(client)
-                failed[chunk] = describe_failure(fut)
-                progress.chunk_failed(chunk, failed[chunk])
+                computed += chunks
+                for chunk in chunks:
+                    progress.chunk_done(chunk)
+                continue
+            _check_connected(client)
+            if len(chunks) > 1:  # a group: its chunks again, one task each, to find the bad
+                more = _submit(job, client, layout.alone(), chunks, retries, members)
+                futures += more
+                found.update(more)
+                continue
+            failed[chunks[0]] = describe_failure(fut)
+            progress.chunk_failed(chunks[0], failed[chunks[0]])
         order = {c: i for i, c in enumerate(grid)}
         report = BatchReport(
             outputs=job.outputs, chunks=len(grid), skipped=skipped,
@@ -369,7 +413,22 @@ def _execute(job, client, retries, progress, max_chunks) -> BatchReport:
     return report
 
 
-def _plan(job, client, skipped, now, later) -> BatchStart:
+def _submit(job, client, layout, chunks, retries, members) -> list:
+    """Start the write tasks of ``layout`` that hold ``chunks``, recording in ``members``
+    which chunks each one's key writes; their futures."""
+    tasks = layout.members(chunks)
+    mask = None
+    if any(len(held) != layout.size_of(t) for t, held in tasks.items()):
+        mask = np.zeros(layout.numblocks, np.bool_)
+        mask[tuple(np.array(chunks).T)] = True
+    status = _write_tasks(job, layout, mask)
+    keys = [(status.name, *t) for t in tasks]
+    members.update(zip(keys, tasks.values()))
+    # Dask retries a failing task (the read, the launch or the write) itself.
+    return client.get(status.__dask_graph__(), keys, sync=False, retries=retries)
+
+
+def _plan(job, client, skipped, now, later, layout) -> BatchStart:
     """The start event: the job, where it runs, and what is left."""
     from daskgpu._dask.cluster_facts import workers_info
 
@@ -378,7 +437,8 @@ def _plan(job, client, skipped, now, later) -> BatchStart:
         chunk_shape=tuple(c[0] for c in job.first.chunks), shape=tuple(job.first.shape),
         skipped=skipped, now=now, later=later, stale=len(job.stale),
         workers=None if client is None else len(workers_info(client)),  # None: not needed
-        simulated=backends.current().simulated)
+        simulated=backends.current().simulated,
+        per_task=1 if layout is None else layout.chunks_per_task)
 
 
 def _check_connected(client) -> None:

@@ -16,7 +16,7 @@ import secrets
 import numpy as np
 
 from daskgpu._dask.batch import ledger as _ledger
-from daskgpu._dask.batch.inputs import open_inputs
+from daskgpu._dask.batch.inputs import open_input, open_inputs
 from daskgpu._dask.batch.lock import OutputLock
 from daskgpu._dask.batch.store import output_specs, prepare_output
 from daskgpu._errors import BatchError, CompileError
@@ -74,6 +74,8 @@ class PlannedJob:
         The chunks recorded as finished (checked by the caller).
     stale : tuple
         Recorded chunks found not to hold: computed again.
+    inputs : tuple
+        The inputs' absolute paths, in the order of ``arrays``.
     """
 
     kernel: object
@@ -85,6 +87,7 @@ class PlannedJob:
     chunksize: tuple
     done: frozenset
     stale: tuple = ()
+    inputs: tuple = ()
 
     @property
     def first(self):
@@ -100,6 +103,20 @@ class PlannedJob:
 
     def written(self) -> int:
         return len(_ledger.done_chunks(self.outputs[0], self.first.ndim))
+
+    def read_in(self, layout) -> tuple:
+        """The inputs as dask arrays that read one task's block of ``layout`` (a
+        :class:`~daskgpu._dask.batch.groups.Layout`) in one piece: ``arrays`` unless its
+        tasks hold several stored chunks."""
+        if not layout.grouped:
+            return self.arrays
+        chunks = layout.element_chunks()
+        return tuple(open_input(p, chunks) for p in self.inputs)
+
+    def arguments_with(self, arrays) -> tuple:
+        """``arguments`` with ``arrays`` in place of the inputs."""
+        swap = {id(a): b for a, b in zip(self.arrays, arrays)}
+        return tuple(swap.get(id(a), a) for a in self.arguments)
 
 
 def _scalar_identity(s):
@@ -159,7 +176,7 @@ def plan_job(stack, kernel, inputs, outputs, scalars, order, chunks, resume,
         nonces.append(nonce)
     arguments = _arrange(order, [dt for _, dt in outs], scalars, arrays)
     return PlannedJob(kernel, arguments, order, tuple(arrays), tuple(p for p, _ in outs),
-                tuple(nonces), chunksize, frozenset(done))
+                      tuple(nonces), chunksize, frozenset(done), inputs=tuple(inputs))
 
 
 def _select_image(kernel, order, outs, scalars, arrays):

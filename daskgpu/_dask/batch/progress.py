@@ -65,6 +65,9 @@ class BatchStart:
         needed (nothing to compute).
     simulated : bool
         Whether the chunks run in Numba's CUDA simulator.
+    per_task : int
+        The most chunks one task reads, launches over and writes: more than
+        one where small chunks are grouped (``run_batch``'s ``group=``).
 
     Examples
     --------
@@ -84,6 +87,7 @@ class BatchStart:
     stale: int = 0
     workers: int | None = None
     simulated: bool = False
+    per_task: int = 1
 
     def headline(self) -> str:
         """The line a display prints first: the job, where it runs, and what is left."""
@@ -95,6 +99,8 @@ class BatchStart:
             return (f"{what}: {self.skipped} written before and checked; nothing to "
                     f"compute now{later}")
         where = plural(self.workers, "worker") + (" (simulated)" if self.simulated else "")
+        if self.per_task > 1:
+            where += f", up to {self.per_task} chunks a task"
         stale = f" ({self.stale} stale)" if self.stale else ""
         return (f"{what} on {where}; {self.skipped} already written, {self.now} to "
                 f"compute{stale}{later}")

@@ -1,8 +1,9 @@
 """What a ``daskgpu batch`` job writes: its output zarr arrays and the per-chunk tasks.
 
 Outputs never overlap an input. A new output is created whole (built in a
-hidden sibling, then renamed) and written one chunk per task by
-:class:`ChunkWriter`, which records each chunk in the output's ledger
+hidden sibling, then renamed) and written by :class:`ChunkWriter`, one task
+per stored chunk or per group of them (:mod:`daskgpu._dask.batch.groups`),
+which records each chunk in the output's ledger
 (:mod:`daskgpu._dask.batch.ledger`) with the fingerprints of its input blocks
 and stored data and the job instance's nonce; :class:`ChunkCheck` tells a
 rerun which recorded chunks still hold. Only a zarr array that a batch job
@@ -305,21 +306,31 @@ def _chunk_file(z, path, block_id) -> str:
 
 
 class ChunkWriter:
-    """The per-chunk task: store one block in each output, then record it as done.
+    """The write task: store each chunk of a task's block in every output, then record it.
 
     Called with the output blocks, then the input blocks they were computed
-    from, whose fingerprints go into the markers. ``nonces`` are the job
+    from, whose fingerprints go into the markers, then, when ``masked``, a
+    bool block saying which of the block's chunks to write (the others are
+    done, or left for a later run); ``block_id`` is the task's index. A block
+    holds ``per_task`` stored chunks along each axis (fewer at the far
+    edges): one, unless the job's launches are grouped
+    (:mod:`~daskgpu._dask.batch.groups`). Each chunk is recorded on its own,
+    once its data is on disk in every output. ``nonces`` are the job
     instance's, one per output: an output recreated since by another job
-    (another nonce in its ``job.json``) is not written.
+    (another nonce in its ``job.json``) is not written. Returns which of the
+    block's chunks it wrote.
     """
 
-    __slots__ = ("paths", "chunksize", "nonces")
+    __slots__ = ("paths", "chunksize", "nonces", "per_task", "masked")
 
-    def __init__(self, paths, chunksize, nonces):
+    def __init__(self, paths, chunksize, nonces, per_task=None, masked=False):
         self.paths, self.chunksize, self.nonces = tuple(paths), tuple(chunksize), tuple(nonces)
+        self.per_task = tuple(per_task or (1,) * len(self.chunksize))
+        self.masked = bool(masked)
 
     def __reduce__(self):
-        return ChunkWriter, (self.paths, self.chunksize, self.nonces)
+        return ChunkWriter, (self.paths, self.chunksize, self.nonces, self.per_task,
+                             self.masked)
 
     def __call__(self, *blocks, block_id=None):
         # From the nonce check to the marker, no run may swap an output in: a write
@@ -330,24 +341,54 @@ class ChunkWriter:
             return self._write(blocks, block_id)
 
     def _write(self, blocks, block_id):
-        from daskgpu._files import fsync_up
+        from daskgpu._files import fsync, fsync_up
 
-        outs, ins = blocks[:len(self.paths)], blocks[len(self.paths):]
-        region = tuple(slice(i * n, i * n + s)
-                       for i, n, s in zip(block_id, self.chunksize, outs[0].shape))
-        stored = []
+        outs = blocks[:len(self.paths)]
+        ins = blocks[len(self.paths):len(blocks) - self.masked]
+        chunks = _block_chunks(outs[0].shape, self.chunksize)
+        wanted = (np.asarray(blocks[-1], np.bool_) if self.masked
+                  else np.ones(chunks, np.bool_))
+        first = tuple(b * k for b, k in zip(block_id, self.per_task))
+        start = tuple(f * c for f, c in zip(first, self.chunksize))
+        local = [tuple(int(i) for i in ix) for ix in np.argwhere(wanted)]
+        stored = {}
         for path, nonce, block in zip(self.paths, self.nonces, outs):
-            _check_owner(path, nonce, block_id)
+            _check_owner(path, nonce, first)
             z = _open_output(path)
-            z[region] = block
-            chunk_file = _chunk_file(z, path, block_id)
-            fsync_up(chunk_file, path)
-            stored.append(_ledger.file_digest(chunk_file))
-        inputs = [_ledger.block_digest(b) for b in ins]
-        # Only now, with the data on disk in every output, is the chunk finished.
-        for path, nonce, digest in zip(self.paths, self.nonces, stored):
-            _ledger.record(path, block_id, inputs, digest, nonce)
-        return np.ones((1,) * len(block_id), np.bool_)
+            if wanted.all():  # one write: zarr stores the block's chunks together
+                z[tuple(slice(s, s + m) for s, m in zip(start, block.shape))] = block
+            else:
+                for ix in local:
+                    piece = _piece(ix, self.chunksize, block.shape)
+                    z[tuple(slice(s + p.start, s + p.stop) for s, p in zip(start, piece))] = (
+                        block[piece])
+            files = [_chunk_file(z, path, _plus(first, ix)) for ix in local]
+            for file in files:
+                fsync(file)
+            for folder in dict.fromkeys(os.path.dirname(f) for f in files):
+                fsync_up(folder, path)  # each new directory entry too, once
+            stored[path] = [_ledger.file_digest(f) for f in files]
+        # Only now, with the data on disk in every output, is each chunk finished.
+        for i, ix in enumerate(local):
+            piece = _piece(ix, self.chunksize, outs[0].shape)
+            inputs = [_ledger.block_digest(b[piece]) for b in ins]
+            for path, nonce in zip(self.paths, self.nonces):
+                _ledger.record(path, _plus(first, ix), inputs, stored[path][i], nonce)
+        return wanted
+
+
+def _block_chunks(shape, chunksize) -> tuple:
+    """Stored chunks along each axis of a block of ``shape``."""
+    return tuple(-(-s // c) for s, c in zip(shape, chunksize))
+
+
+def _piece(local, chunksize, shape) -> tuple:
+    """The slices of stored chunk ``local`` (its index within the block) in a block."""
+    return tuple(slice(i * c, min((i + 1) * c, s)) for i, c, s in zip(local, chunksize, shape))
+
+
+def _plus(first, local) -> tuple:
+    return tuple(f + i for f, i in zip(first, local))
 
 
 def _check_owner(path, nonce, block_id) -> None:
@@ -361,26 +402,36 @@ def _check_owner(path, nonce, block_id) -> None:
 
 
 class ChunkCheck:
-    """The per-chunk check of a rerun: whether an earlier run's chunk still holds.
+    """The check task of a rerun: whether an earlier run's chunks still hold.
 
-    True when every output's marker was written by this job instance (its
-    nonce) and records the fingerprints of these input blocks and of the
-    chunk file as it is stored now.
+    Called with a task's input blocks (``per_task`` stored chunks along each
+    axis, as :class:`ChunkWriter` has them); for each stored chunk, True when
+    every output's marker was written by this job instance (its nonce) and
+    records the fingerprints of these input blocks and of the chunk file as it
+    is stored now.
     """
 
-    __slots__ = ("paths", "nonces")
+    __slots__ = ("paths", "nonces", "chunksize", "per_task")
 
-    def __init__(self, paths, nonces):
+    def __init__(self, paths, nonces, chunksize=None, per_task=None):
         self.paths, self.nonces = tuple(paths), tuple(nonces)
+        self.chunksize = None if chunksize is None else tuple(chunksize)
+        self.per_task = None if per_task is None else tuple(per_task)
 
     def __reduce__(self):
-        return ChunkCheck, (self.paths, self.nonces)
+        return ChunkCheck, (self.paths, self.nonces, self.chunksize, self.per_task)
 
     def __call__(self, *ins, block_id=None):
-        inputs = [_ledger.block_digest(b) for b in ins]
-        ok = all(self._holds(path, nonce, block_id, inputs)
-                 for path, nonce in zip(self.paths, self.nonces))
-        return np.full((1,) * len(block_id), ok, np.bool_)
+        chunksize = self.chunksize or ins[0].shape  # one chunk a block
+        per_task = self.per_task or (1,) * len(block_id)
+        first = tuple(b * k for b, k in zip(block_id, per_task))
+        holds = np.zeros(_block_chunks(ins[0].shape, chunksize), np.bool_)
+        for ix in np.ndindex(*holds.shape):
+            piece = _piece(ix, chunksize, ins[0].shape)
+            inputs = [_ledger.block_digest(b[piece]) for b in ins]
+            holds[ix] = all(self._holds(path, nonce, _plus(first, ix), inputs)
+                            for path, nonce in zip(self.paths, self.nonces))
+        return holds
 
     @staticmethod
     def _holds(path, nonce, block_id, inputs) -> bool:
