@@ -179,6 +179,19 @@ def _chunks(text):
     return parts[0] if len(parts) == 1 else parts
 
 
+def _group(text):
+    """``--group``: a size, checked as the ``daskgpu.launch-bytes`` setting is."""
+    from daskgpu import _config
+
+    try:
+        _config.SETTINGS["launch-bytes"](text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(
+            f"--group {text!r}: {exc}; give a size such as 64MiB, or --no-group for one "
+            "task a chunk") from None
+    return text
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``daskgpu batch`` argument parser.
 
@@ -230,6 +243,14 @@ def build_parser() -> argparse.ArgumentParser:
                              "input)")
     parser.add_argument("--chunks", type=_chunks, metavar="N[,N...]",
                         help="chunk shape (default: the first zarr input's chunks)")
+    grouping = parser.add_mutually_exclusive_group()
+    grouping.add_argument("--group", type=_group, metavar="BYTES",
+                          help="read, launch and write neighbouring small chunks together, "
+                               "in groups that need about BYTES of GPU memory, e.g. 64MiB "
+                               "(default: the daskgpu.launch-bytes setting, 32 MiB; a chunk "
+                               "is grouped when it needs less than a quarter of that)")
+    grouping.add_argument("--no-group", dest="group", action="store_const", const=False,
+                          help="one task a chunk: the kernel sees each stored chunk alone")
     where = parser.add_mutually_exclusive_group()
     where.add_argument("--scheduler", metavar="ADDRESS",
                        help="run on this Dask scheduler (default: a local GPU cluster)")
@@ -350,7 +371,7 @@ def _main(ns) -> int:
         report = run_batch(kernel, ns.input, ns.output, scalars=ns.scalar, order=ns.order,
                            chunks=ns.chunks, client=client, devices=ns.devices,
                            simulate=ns.simulate, retries=ns.retries, progress=ns.progress,
-                           resume=ns.resume, max_chunks=ns.max_chunks)
+                           resume=ns.resume, max_chunks=ns.max_chunks, group=ns.group)
         print(report.summary())
     if report.failed:
         return FAILED

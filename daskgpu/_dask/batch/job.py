@@ -181,7 +181,7 @@ def run_batch(kernel, inputs, outputs, *, scalars=(), order=None, chunks=None, c
                 stack.enter_context(dask.config.set({"daskgpu.simulate": bool(simulate)}))
             job = plan_job(stack, kernel, inputs, outputs, scalars, order, chunks, resume,
                            _simulated(client, simulate))
-            job = _verified(job, client)
+            job = _verified(job, client, group)
             if job.todo and max_chunks != 0 and client is None:
                 client = local_client(stack, devices, simulate)
             if client is not None:
@@ -291,13 +291,13 @@ def _simulated(client, simulate) -> bool:
     return backends.current().simulated or not backends.GPU.devices().names
 
 
-def _verified(job, client) -> PlannedJob:
+def _verified(job, client, group=None) -> PlannedJob:
     """``job`` with only the recorded chunks that still hold as done, in grid order.
 
     Checked on ``client``, or, without one, in this process, so that a
     rerun with nothing left to compute starts no cluster. The check reads
-    the inputs in groups of chunks as the writes do, sized by the setting
-    alone (it launches nothing, so the workers' GPUs do not bound it).
+    the inputs in groups of chunks as the writes do (``group``), sized
+    without the workers' GPU memory: it launches nothing.
     """
     import dask.array as da
     from dask.threaded import get as threaded_get
@@ -306,7 +306,7 @@ def _verified(job, client) -> PlannedJob:
 
     if not job.done:
         return job
-    layout = _layout(job, None, ClusterFacts())
+    layout = _layout(job, group, ClusterFacts())
     check = da.map_blocks(ChunkCheck(job.outputs, job.nonces, job.chunksize, layout.per_task),
                           *job.read_in(layout), name=f"batch-check-{secrets.token_hex(8)}",
                           chunks=layout.block_chunks(),

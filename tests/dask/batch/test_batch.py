@@ -277,7 +277,9 @@ def test_cli_interrupted_by_ctrl_c_loses_and_repeats_nothing(client, tmp_path):
     job = {"inputs": [write_zarr(tmp_path / "x.zarr", x, 200), write_zarr(tmp_path / "y.zarr", y, 200)],
            "outputs": [(str(tmp_path / "z.zarr"), np.float32)]}
     out = job["outputs"][0][0]
-    argv = _argv(tmp_path, job, "--scheduler", client.scheduler.address, "--simulate")
+    # One task a chunk, as the tests here run: grouped, the 20 chunks are one task.
+    argv = _argv(tmp_path, job, "--scheduler", client.scheduler.address, "--simulate",
+                 "--no-group")
     proc = subprocess.Popen([sys.executable, "-m", "daskgpu", "batch", *argv],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 60

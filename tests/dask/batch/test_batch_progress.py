@@ -74,7 +74,9 @@ def saxpy_job(tmp_path):
     kernel = tmp_path / "progkern.py"
     kernel.write_text(SAXPY_FILE)
     out = str(tmp_path / "z.zarr")
-    argv = [f"{kernel}:saxpy", "--sig", SAXPY_SIG, "--scalar", "float32:2", "--simulate"]
+    # One task a chunk, as the tests here run (grouped, the 10 chunks are one task).
+    argv = [f"{kernel}:saxpy", "--sig", SAXPY_SIG, "--scalar", "float32:2", "--simulate",
+            "--no-group"]
     for p in inputs:
         argv += ["--input", p]
     return {"inputs": inputs, "out": out, "argv": argv + ["--output", f"{out}:float32"]}

@@ -42,7 +42,9 @@ def job(tmp_path):
     inputs = [write_zarr(tmp_path / "x.zarr", x, 200), write_zarr(tmp_path / "y.zarr", y, 200)]
     kernel = tmp_path / "stopkern.py"
     kernel.write_text(SAXPY_FILE)
-    argv = [f"{kernel}:saxpy", "--sig", SAXPY_SIG, "--scalar", "float32:2", "--simulate"]
+    # One task a chunk, so that a signal comes while chunks are still to be written.
+    argv = [f"{kernel}:saxpy", "--sig", SAXPY_SIG, "--scalar", "float32:2", "--simulate",
+            "--no-group"]
     for p in inputs:
         argv += ["--input", p]
     out = str(tmp_path / "z.zarr")

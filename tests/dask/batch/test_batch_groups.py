@@ -1,0 +1,220 @@
+"""daskgpu batch launches sized for the GPU: neighbouring small chunks read, launched and
+written by one task, each chunk still recorded on its own.
+
+Every test runs simulated, on the module's threaded cluster. The Dask layer's tests map
+one chunk a launch (``daskgpu.launch-bytes: 0``); here each run names its grouping.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+from kit.batch import write_zarr
+from kit.kernels import saxpy
+from numba import cuda
+
+import daskgpu as dg
+from daskgpu._dask.batch import run_batch
+from daskgpu._dask.batch.ledger import LEDGER, done_chunks, read_marker
+
+zarr = pytest.importorskip("zarr")
+from distributed import get_task_stream  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+#: 40 chunks of 100 float32; a launch holds 12 bytes an element (x, y and z), so
+#: groups of about 16 KiB hold 13 chunks: 4 tasks, the last of one chunk.
+CHUNKS, CHUNK, GROUP, PER_TASK = 40, 100, "16KiB", 13
+
+
+@dg.jit
+def shifted(out, x, shift):
+    """``out[i] = x[i + shift[i]]``: elementwise while ``shift`` is 0; a shift past the
+    end fails its launch (the simulator checks bounds)."""
+    i = cuda.grid(1)
+    if i < out.size:
+        out[i] = x[i + shift[i]]
+
+
+@pytest.fixture
+def job(tmp_path):
+    x = np.arange(CHUNKS * CHUNK, dtype=np.float32)
+    y = np.linspace(-1, 1, CHUNKS * CHUNK, dtype=np.float32)
+    return {"inputs": [write_zarr(tmp_path / "x.zarr", x, CHUNK),
+                       write_zarr(tmp_path / "y.zarr", y, CHUNK)],
+            "expected": np.float32(2) * x + y, "tmp": tmp_path}
+
+
+def _run(job, client, out, **kw):
+    return run_batch(saxpy, job["inputs"], [(str(job["tmp"] / out), np.float32)],
+                     scalars=[np.float32(2)], client=client, progress=False, **kw)
+
+
+def _tasks(task_stream, prefix):
+    """How many tasks whose key name starts with ``prefix`` ran."""
+    return sum(1 for rec in task_stream if str(rec["key"][0]).startswith(prefix))
+
+
+def _markers(path):
+    """Each chunk's marker without the job instance: what it was made from and stored as."""
+    return {c: {k: v for k, v in read_marker(path, c).items() if k != "job"}
+            for c in done_chunks(path)}
+
+
+def _mtimes(path):
+    out = {}
+    for root, dirs, files in os.walk(path):
+        dirs[:] = [d for d in dirs if d != LEDGER]
+        for f in files:
+            out[os.path.relpath(os.path.join(root, f), path)] = os.stat(
+                os.path.join(root, f)).st_mtime_ns
+    return out
+
+
+def test_grouped_batch_writes_what_one_task_a_chunk_writes_in_far_fewer_tasks(client, job):
+    with get_task_stream(client) as grouped_ts:
+        grouped = _run(job, client, "grouped.zarr", group=GROUP)
+    with get_task_stream(client) as apart_ts:
+        apart = _run(job, client, "apart.zarr", group=False)
+    assert grouped.complete and apart.complete
+    assert grouped.computed == apart.computed == tuple((i,) for i in range(CHUNKS))
+    assert _tasks(grouped_ts.data, "saxpy-") == -(-CHUNKS // PER_TASK)  # a launch a group
+    assert _tasks(apart_ts.data, "saxpy-") == CHUNKS
+    # Every task counted, the reads and the writes too (Dask's array expressions name
+    # the write tasks their own way): a few a group, against a few a chunk.
+    assert len(grouped_ts.data) < CHUNKS < len(apart_ts.data) / 3
+
+    a, b = (zarr.open_array(str(job["tmp"] / n), mode="r") for n in ("grouped.zarr",
+                                                                      "apart.zarr"))
+    assert a.chunks == b.chunks == (CHUNK,)  # stored as the job's chunks, whatever the tasks
+    np.testing.assert_array_equal(a[:], job["expected"])
+    np.testing.assert_array_equal(a[:], b[:])
+    # Every stored chunk recorded on its own, with the same fingerprints of its input
+    # blocks and its stored file as a run of one task a chunk records.
+    assert _markers(str(job["tmp"] / "grouped.zarr")) == _markers(str(job["tmp"] / "apart.zarr"))
+    assert len(_markers(str(job["tmp"] / "grouped.zarr"))) == CHUNKS
+
+
+@pytest.mark.grouped
+def test_grouping_is_on_by_default_and_off_with_group_false(client, job):
+    with get_task_stream(client) as ts:
+        report = _run(job, client, "default.zarr")  # daskgpu.launch-bytes: 32 MiB
+    assert report.complete
+    assert _tasks(ts.data, "saxpy-") == 1  # 48 KiB in all: one group
+    with get_task_stream(client) as ts:
+        report = _run(job, client, "off.zarr", group=False)
+    assert report.complete
+    assert _tasks(ts.data, "saxpy-") == CHUNKS
+    for name in ("default.zarr", "off.zarr"):
+        np.testing.assert_array_equal(zarr.open_array(str(job["tmp"] / name), mode="r")[:],
+                                      job["expected"])
+
+
+def test_interrupted_grouped_run_resumes_with_only_the_missing_chunks(client, job):
+    out = str(job["tmp"] / "z.zarr")
+    # 20 chunks: the first group, and 7 of the second's 13.
+    first = _run(job, client, "z.zarr", group=GROUP, max_chunks=20)
+    assert first.computed == tuple((i,) for i in range(20)) and not first.complete
+    assert done_chunks(out) == set(first.computed)  # none of the rest, though launched
+    z = zarr.open_array(out, mode="r")
+    np.testing.assert_array_equal(z[:20 * CHUNK], job["expected"][:20 * CHUNK])
+    assert not z[20 * CHUNK:].any()
+    before = _mtimes(out)
+
+    with get_task_stream(client) as ts:
+        second = _run(job, client, "z.zarr", group=GROUP)
+    assert second.skipped == first.computed
+    assert second.computed == tuple((i,) for i in range(20, CHUNKS))  # only the rest
+    assert _tasks(ts.data, "saxpy-") == 3  # the groups that held chunks left to write
+    after = _mtimes(out)
+    assert all(after[f] == t for f, t in before.items())  # finished chunks untouched
+    np.testing.assert_array_equal(zarr.open_array(out, mode="r")[:], job["expected"])
+    assert done_chunks(out) == {(i,) for i in range(CHUNKS)}
+
+
+def test_grouped_rerun_recomputes_stale_chunks_alone_and_keeps_none(client, job):
+    out = str(job["tmp"] / "z.zarr")
+    assert _run(job, client, "z.zarr", group=GROUP).complete
+    # An input chunk changes, and a stored chunk of another group is damaged.
+    zarr.open_array(job["inputs"][1], mode="r+")[5 * CHUNK:6 * CHUNK] = 7
+    z = zarr.open_array(out, mode="r")
+    damaged = z.metadata.encode_chunk_key((30,)) if hasattr(z, "metadata") else "30"
+    with open(os.path.join(out, *damaged.split("/")), "r+b") as f:
+        f.write(b"\x00" * 8)
+    before = _mtimes(out)
+
+    with get_task_stream(client) as ts:
+        report = _run(job, client, "z.zarr", group=GROUP)
+    assert report.stale == ((5,), (30,)) and report.computed == ((5,), (30,))
+    assert report.complete and len(report.skipped) == CHUNKS - 2
+    # The rerun's check read the inputs a group at a time, as the writes do: a check of
+    # one task a chunk alone would run more tasks than there are chunks.
+    assert _tasks(ts.data, "saxpy-") == 2 and len(ts.data) < CHUNKS
+    expected = job["expected"].copy()
+    expected[5 * CHUNK:6 * CHUNK] = np.float32(2) * np.arange(500, 600) + 7
+    np.testing.assert_array_equal(zarr.open_array(out, mode="r")[:], expected)
+    after = _mtimes(out)
+    rewritten = {f for f in after if after[f] != before.get(f)}
+    assert len(rewritten) == 2  # the two chunks, not the rest of their groups
+
+
+def test_a_failing_group_loses_only_its_failing_chunk(client, tmp_path):
+    x = np.arange(CHUNKS * CHUNK, dtype=np.float32)
+    shift = np.zeros(CHUNKS * CHUNK, np.int64)
+    shift[17 * CHUNK + 3] = 10 ** 6  # chunk 17, in the second group
+    inputs = [write_zarr(tmp_path / "x.zarr", x, CHUNK),
+              write_zarr(tmp_path / "shift.zarr", shift, CHUNK)]
+    out = str(tmp_path / "y.zarr")
+    group = 1350 * 16  # 16 bytes an element (x, shift and y): 13 chunks a group, as saxpy's
+    with get_task_stream(client) as ts:
+        report = run_batch(shifted, inputs, [out], order="out,in,in", client=client,
+                           retries=0, progress=False, group=group)
+    assert list(report.failed) == [(17,)]
+    assert report.failed[(17,)].startswith("IndexError")
+    assert "chunk (17,) failed after 1 attempt" in report.summary()
+    assert len(report.computed) == CHUNKS - 1
+    assert done_chunks(out) == set(report.computed)
+    # The failed group's 13 chunks ran again one task a chunk; the other groups did not.
+    assert _tasks(ts.data, "shifted-") == -(-CHUNKS // PER_TASK) + PER_TASK
+    y = zarr.open_array(out, mode="r")[:]
+    np.testing.assert_array_equal(np.delete(y, np.s_[1700:1800]),
+                                  np.delete(x, np.s_[1700:1800]))
+
+    shift[17 * CHUNK + 3] = 0
+    zarr.open_array(inputs[1], mode="r+")[...] = shift  # repair the input
+    fixed = run_batch(shifted, inputs, [out], order="out,in,in", client=client,
+                      progress=False, group=group)
+    assert fixed.computed == ((17,),) and fixed.complete
+    np.testing.assert_array_equal(zarr.open_array(out, mode="r")[:], x)
+
+
+def test_cli_group_and_no_group(client, job, capsys):
+    from kit.kernels import SAXPY_FILE, SAXPY_SIG
+
+    from daskgpu._cli.batch import main
+
+    kernel = job["tmp"] / "groupkern.py"
+    kernel.write_text(SAXPY_FILE)
+    argv = [f"{kernel}:saxpy", "--sig", SAXPY_SIG, "--scalar", "2.0", "--progress", "lines",
+            "--scheduler", client.scheduler.address, "--simulate"]
+    for p in job["inputs"]:
+        argv += ["--input", p]
+    for flags, out, tasks in ((["--group", GROUP], "g.zarr", -(-CHUNKS // PER_TASK)),
+                              (["--no-group"], "n.zarr", CHUNKS)):
+        with get_task_stream(client) as ts:
+            assert main([*argv, "--output", str(job["tmp"] / out), *flags]) == 0
+        assert _tasks(ts.data, "saxpy-") == tasks
+        err = capsys.readouterr().err
+        assert (f"up to {PER_TASK} chunks a task" in err) == (tasks < CHUNKS), err
+        np.testing.assert_array_equal(zarr.open_array(str(job["tmp"] / out), mode="r")[:],
+                                      job["expected"])
+
+
+def test_group_takes_a_size_or_a_switch():
+    from daskgpu._dask.batch import BatchError
+
+    with pytest.raises(BatchError, match=r"group='lots': .*give True or None \(the "
+                                         r"daskgpu.launch-bytes setting\), False"):
+        run_batch(saxpy, ["x.zarr"], ["z.zarr"], group="lots", progress=False)
