@@ -1,0 +1,24 @@
+"""The batch section: daskgpu batch over a store of many small chunks, grouped against one
+task a chunk."""
+
+import dask
+import pytest
+
+from daskgpu._cli.bench.batch import bench_batch
+from daskgpu._cli.bench.common import BenchCluster, BenchOptions
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("simulate", [True, pytest.param(False, marks=pytest.mark.gpu)],
+                         ids=["simulated", "gpu"])
+def test_the_section_runs_both_and_scales_what_it_measured_on_fewer_chunks(simulate, tmp_path):
+    with dask.config.set({"daskgpu.simulate": simulate}), \
+            BenchCluster(BenchOptions(array_bytes=1 << 20)) as cluster:
+        rows = bench_batch(cluster, count=40, measured=20, chunk_bytes=16, directory=tmp_path)
+    (row,) = rows
+    assert row["what"] == "batch over 40 zarr chunks of 16 B, grouped"
+    assert row["goal"] == 0.2
+    assert "one task a chunk (group=False)" in row["baseline_name"]
+    assert "measured over 20 chunks and scaled to 40" in row["baseline_name"]
+    assert row["daskgpu"] > 0 and row["baseline"] > 0
+    assert list(tmp_path.iterdir()) == []  # the store and the outputs are removed
