@@ -8,6 +8,7 @@ one chunk a launch (``daskgpu.launch-bytes: 0``); here each run names its groupi
 from __future__ import annotations
 
 import os
+import re
 
 import numpy as np
 import pytest
@@ -38,6 +39,14 @@ def shifted(out, x, shift):
         out[i] = x[i + shift[i]]
 
 
+@dg.jit
+def sum_diff(s, d, x, y):
+    i, j = cuda.grid(2)
+    if i < s.shape[0] and j < s.shape[1]:
+        s[i, j] = x[i, j] + y[i, j]
+        d[i, j] = x[i, j] - y[i, j]
+
+
 @pytest.fixture
 def job(tmp_path):
     x = np.arange(CHUNKS * CHUNK, dtype=np.float32)
@@ -53,8 +62,10 @@ def _run(job, client, out, **kw):
 
 
 def _tasks(task_stream, prefix):
-    """How many tasks whose key name starts with ``prefix`` ran."""
-    return sum(1 for rec in task_stream if str(rec["key"][0]).startswith(prefix))
+    """How many launch tasks of the kernel ``prefix`` names (``"saxpy-"``) ran: keys named
+    ``saxpy-<hash>``, not the tasks that pick one output of several (``-out0``)."""
+    return sum(1 for rec in task_stream
+               if re.fullmatch(f"{prefix}[0-9a-f]+", str(rec["key"][0])))
 
 
 def _markers(path):
@@ -132,6 +143,28 @@ def test_interrupted_grouped_run_resumes_with_only_the_missing_chunks(client, jo
     assert all(after[f] == t for f, t in before.items())  # finished chunks untouched
     np.testing.assert_array_equal(zarr.open_array(out, mode="r")[:], job["expected"])
     assert done_chunks(out) == {(i,) for i in range(CHUNKS)}
+
+
+def test_a_2d_job_stopped_inside_a_group_resumes_as_one_task_a_chunk_does(client, tmp_path):
+    x = np.arange(42 * 33, dtype=np.float64).reshape(42, 33)
+    y = np.full_like(x, 3)
+    inputs = [write_zarr(tmp_path / "x.zarr", x, (4, 5)), write_zarr(tmp_path / "y.zarr", y, (4, 5))]
+    markers = {}
+    for group in ("24KiB", False):  # 28 bytes an element: groups of 6 x 7 chunks
+        outs = [str(tmp_path / f"s{group}.zarr"), (str(tmp_path / f"d{group}.zarr"), "float32")]
+        with get_task_stream(client) as ts:
+            first = run_batch(sum_diff, inputs, outs, client=client, progress=False,
+                              group=group, max_chunks=17)  # 2 rows of 7 chunks, and 3
+            rest = run_batch(sum_diff, inputs, outs, client=client, progress=False, group=group)
+        assert len(first.computed) == 17 and rest.skipped == first.computed
+        assert len(rest.computed) == 11 * 7 - 17 and rest.complete
+        # Grouped, the tasks are the rows 0-5 and 6-10: the first run launches one.
+        assert _tasks(ts.data, "sum_diff-") == (1 + 2 if group else 11 * 7)
+        np.testing.assert_array_equal(zarr.open_array(outs[0], mode="r")[:], x + y)
+        np.testing.assert_array_equal(zarr.open_array(outs[1][0], mode="r")[:],
+                                      (x - y).astype(np.float32))
+        markers[group] = _markers(outs[0])
+    assert markers["24KiB"] == markers[False] and len(markers[False]) == 11 * 7
 
 
 def test_grouped_rerun_recomputes_stale_chunks_alone_and_keeps_none(client, job):
