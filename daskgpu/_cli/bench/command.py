@@ -11,16 +11,7 @@ from __future__ import annotations
 import inspect
 import json
 
-from daskgpu._cli.bench import (
-    batch,
-    compute,
-    device,
-    host,
-    overhead,
-    reductions,
-    scale,
-    startup,
-)
+from daskgpu._cli.bench import compute, device, host, overhead, reductions, scale, startup
 from daskgpu._cli.bench.common import BenchCluster, BenchOptions, table
 
 #: What ``daskgpu bench --help`` says the command does.
@@ -47,7 +38,7 @@ SECTIONS = {
     "scale": scale.bench_scale,
     "sharing": compute.bench_sharing,
     "small-chunks": scale.bench_small_chunks,
-    "batch": batch.bench_batch,
+    "batch": scale.bench_batch,
 }
 
 

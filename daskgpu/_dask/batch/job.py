@@ -383,8 +383,8 @@ def _execute(job, client, retries, progress, max_chunks, group) -> BatchReport:
     try:
         if now:
             futures = _submit(job, client, layout, now, retries, members)
-        found = as_completed(futures)
-        for fut in found if futures else ():
+        found = as_completed(futures) if futures else ()  # no client: nothing to compute
+        for fut in found:
             chunks = members.pop(fut.key)
             if fut.status == "finished":
                 computed += chunks

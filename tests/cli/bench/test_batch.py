@@ -4,8 +4,8 @@ task a chunk."""
 import dask
 import pytest
 
-from daskgpu._cli.bench.batch import bench_batch
 from daskgpu._cli.bench.common import BenchCluster, BenchOptions
+from daskgpu._cli.bench.scale import bench_batch
 
 
 @pytest.mark.slow

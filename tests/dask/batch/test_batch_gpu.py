@@ -219,3 +219,37 @@ def test_cli_on_its_own_gpu_cluster_stops_on_sigterm_and_resumes(tmp_path):
     assert rerun.returncode == 0, rerun.stderr
     assert f"{n}/{n} chunks written ({n - written} this run, {written} before)" in rerun.stdout
     np.testing.assert_array_equal(zarr.open_array(out, mode="r")[:], 2.0 * x + 1.0)
+
+
+@pytest.mark.slow
+def test_grouped_batch_on_a_gpu_writes_what_one_task_a_chunk_writes(client, tmp_path):
+    from distributed import get_task_stream
+
+    from daskgpu._dask.batch.ledger import read_marker
+
+    n, chunk = 200, 1 << 14  # chunks of 128 KiB; 16 bytes an element with the output
+    x = np.random.default_rng(0).random(n * chunk)
+    z = zarr.open_array(str(tmp_path / "x.zarr"), mode="w", shape=x.shape, chunks=(chunk,),
+                        dtype=x.dtype)
+    z[...] = x
+    outs, launches = {}, {}
+    for group in ("8 MiB", False):  # 8 MiB: 32 chunks a task
+        out = str(tmp_path / f"z{group}.zarr")
+        with get_task_stream(client) as ts:
+            t0 = time.perf_counter()
+            report = run_batch(affine, [str(tmp_path / "x.zarr")], [(out, np.float64)],
+                               scalars=[2.0], order="out,scalar,in", client=client,
+                               progress=False, group=group)
+            seconds = time.perf_counter() - t0
+        assert report.complete
+        launches[group] = sum(1 for r in ts.data if str(r["key"][0]).startswith("affine-"))
+        outs[group] = out
+        print(f"gpu batch group={group!r}: {n} chunks in {launches[group]} launches, "
+              f"{seconds:.2f} s")
+    assert launches["8 MiB"] == -(-n // 32) and launches[False] == n
+    a, b = (zarr.open_array(outs[g], mode="r")[:] for g in ("8 MiB", False))
+    np.testing.assert_array_equal(a, b)
+    np.testing.assert_array_equal(a, 2.0 * x + 1.0)
+    for c in range(n):
+        ma, mb = read_marker(outs["8 MiB"], (c,)), read_marker(outs[False], (c,))
+        assert (ma["inputs"], ma["output"]) == (mb["inputs"], mb["output"]), c

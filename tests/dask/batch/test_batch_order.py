@@ -152,7 +152,8 @@ def test_a_lost_scheduler_is_one_line_and_the_rerun_resumes(client, data, tmp_pa
                          "--nthreads", "1"], env=dict(os.environ, DASK_DASKGPU__SIMULATE="1"))
         argv = [f"{data['kernels']}:saxpy", "--scalar", "float32:2", "--no-progress",
                 "--input", str(tmp_path / "x.npy"), "--input", str(tmp_path / "y.npy"),
-                "--output", data["out"], "--chunks", "100", "--simulate"]
+                "--output", data["out"], "--chunks", "100", "--simulate",
+                "--no-group"]  # one task a chunk: grouped, the 80 chunks are one task
         batch = subprocess.Popen([sys.executable, "-m", "daskgpu", "batch", *argv,
                                   "--scheduler-file", scheduler_file],
                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

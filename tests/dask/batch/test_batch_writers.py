@@ -51,7 +51,9 @@ def _result(job):
 def _argv(tmp_path, job, a, *extra):
     kernel = tmp_path / "writerkern.py"
     kernel.write_text(SAXPY_FILE)
-    argv = [f"{kernel}:saxpy", "--sig", SAXPY_SIG, "--scalar", f"float32:{a}", "--no-progress"]
+    # One task a chunk, so that a run is still writing when another starts.
+    argv = [f"{kernel}:saxpy", "--sig", SAXPY_SIG, "--scalar", f"float32:{a}", "--no-progress",
+            "--no-group"]
     for p in job["inputs"]:
         argv += ["--input", p]
     return argv + ["--output", f"{job['out']}:float32", *extra]
