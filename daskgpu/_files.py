@@ -26,7 +26,8 @@ _KINDS = {
 }
 
 
-def atomic_write(path, data: bytes = b"", *, mode: int = 0o644) -> None:
+def atomic_write(path, data: bytes = b"", *, mode: int = 0o644,
+                 sync_folder: bool = True) -> None:
     """Write ``path`` whole or not at all, durably.
 
     The bytes go to a temporary sibling, which is synced, renamed over ``path``,
@@ -41,6 +42,10 @@ def atomic_write(path, data: bytes = b"", *, mode: int = 0o644) -> None:
     data : bytes
     mode : int
         The new file's permissions (before the umask).
+    sync_folder : bool
+        False leaves syncing the directory to the caller, who writes several
+        files into it and then syncs it once (:func:`fsync`): until then a
+        power cut may lose the rename, never leave part of a file.
 
     Examples
     --------
@@ -50,7 +55,7 @@ def atomic_write(path, data: bytes = b"", *, mode: int = 0o644) -> None:
     >>> open(path, "rb").read(), os.listdir(os.path.dirname(path))
     (b'done', ['note'])
     """
-    _publish(path, data, mode, os.replace)
+    _publish(path, data, mode, os.replace, sync_folder)
 
 
 def write_new(path, data: bytes, *, mode: int = 0o600) -> bool:
@@ -79,7 +84,7 @@ def write_new(path, data: bytes, *, mode: int = 0o600) -> bool:
     return True
 
 
-def _publish(path, data: bytes, mode: int, move) -> None:
+def _publish(path, data: bytes, mode: int, move, sync_folder: bool = True) -> None:
     """Write ``data`` to a synced temporary sibling of ``path``, then ``move`` it there."""
     path = os.fspath(path)
     folder, name = os.path.split(os.path.abspath(path))
@@ -97,7 +102,8 @@ def _publish(path, data: bytes, mode: int, move) -> None:
     finally:
         with contextlib.suppress(FileNotFoundError):  # renamed away, or a link to drop
             os.unlink(tmp)
-    fsync(folder)
+    if sync_folder:
+        fsync(folder)
 
 
 @contextlib.contextmanager

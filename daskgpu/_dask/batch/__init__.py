@@ -2,8 +2,9 @@
 
 ``run_batch`` (:mod:`~daskgpu._dask.batch.job`) runs a job that
 :mod:`~daskgpu._dask.batch.plan` has checked and prepared. Its inputs
-(:mod:`~daskgpu._dask.batch.inputs`), outputs and per-chunk tasks
-(:mod:`~daskgpu._dask.batch.store`), the durable record of finished chunks
+(:mod:`~daskgpu._dask.batch.inputs`), outputs and write tasks
+(:mod:`~daskgpu._dask.batch.store`), how small chunks are grouped into tasks
+(:mod:`~daskgpu._dask.batch.groups`), the durable record of finished chunks
 (:mod:`~daskgpu._dask.batch.ledger`), the one-writer lock
 (:mod:`~daskgpu._dask.batch.lock`), the report
 (:mod:`~daskgpu._dask.batch.report`), the progress displays

@@ -1,8 +1,10 @@
 """``daskgpu batch``: run a kernel over stored arrays, chunk by chunk, resumably.
 
 Inputs are zarr arrays or ``.npy`` files; every output is a zarr array with
-the chunks of the job, written one chunk per task. After a task has stored
-its chunk in every output it records the chunk in each output's ledger, the
+the chunks of the job, written by tasks that each read, launch over and write
+one chunk or, where the chunks are small, a group of neighbouring ones
+(:mod:`daskgpu._dask.batch.groups`). After a task has stored a chunk in every
+output it records the chunk in each output's ledger, the
 directory ``.daskgpu-done`` inside the zarr array: one marker file per
 finished chunk, created by an atomic rename, plus ``job.json``, which says
 what job the chunks belong to. A marker holds the job instance's nonce and

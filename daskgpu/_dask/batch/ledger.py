@@ -29,7 +29,7 @@ from daskgpu._files import atomic_write, fsync
 
 __all__ = ["INSTANCE_KEYS", "JOB", "LEDGER", "LedgerError", "block_digest", "done_chunks",
            "file_digest", "forget", "job_differences", "read_job", "read_marker", "record",
-           "remove_temporaries", "start", "tidy"]
+           "record_all", "remove_temporaries", "start", "tidy"]
 
 #: The ledger directory inside each output zarr array.
 LEDGER = ".daskgpu-done"
@@ -175,8 +175,21 @@ def record(path, block_id, inputs, output, nonce) -> None:
     from, ``output`` the digest of the stored chunk file, ``nonce`` the job
     instance's (from ``job.json``).
     """
-    marker = json.dumps({"job": nonce, "inputs": list(inputs), "output": output}).encode()
-    atomic_write(os.path.join(path, LEDGER, marker_name(block_id)), marker)
+    record_all(path, [(block_id, inputs, output)], nonce)
+
+
+def record_all(path, records, nonce) -> None:
+    """Mark several chunks of output ``path`` finished: ``records`` of ``(block_id, inputs,
+    output)``, as :func:`record` takes them.
+
+    Each marker is written whole or not at all; the ledger directory is synced
+    once, after the last, so that a group of chunks costs one sync of it.
+    """
+    ledger = os.path.join(path, LEDGER)
+    for block_id, inputs, output in records:
+        marker = json.dumps({"job": nonce, "inputs": list(inputs), "output": output}).encode()
+        atomic_write(os.path.join(ledger, marker_name(block_id)), marker, sync_folder=False)
+    fsync(ledger)
 
 
 def block_digest(block) -> str:

@@ -369,11 +369,11 @@ class ChunkWriter:
                 fsync_up(folder, path)  # each new directory entry too, once
             stored[path] = [_ledger.file_digest(f) for f in files]
         # Only now, with the data on disk in every output, is each chunk finished.
-        for i, ix in enumerate(local):
-            piece = _piece(ix, self.chunksize, outs[0].shape)
-            inputs = [_ledger.block_digest(b[piece]) for b in ins]
-            for path, nonce in zip(self.paths, self.nonces):
-                _ledger.record(path, _plus(first, ix), inputs, stored[path][i], nonce)
+        inputs = [[_ledger.block_digest(b[_piece(ix, self.chunksize, b.shape)]) for b in ins]
+                  for ix in local]
+        for path, nonce in zip(self.paths, self.nonces):
+            _ledger.record_all(path, [(_plus(first, ix), digests, output) for ix, digests, output
+                                      in zip(local, inputs, stored[path])], nonce)
         return wanted
 
 
