@@ -184,9 +184,9 @@ KERNEL_MODULE = textwrap.dedent('''
             w[i] = x[i] - y[i]
 ''')
 
-# Imports once, then forks one batch process per line read (a trial's folder), so that
-# a trial costs a cluster start, not an interpreter start. Each child writes READY into
-# its folder once its cluster is up; the parent prints the child's pid.
+# Imports once, then forks one batch process per line read (a trial's folder and its
+# group=), so that a trial costs a cluster start, not an interpreter start. Each child
+# writes READY into its folder once its cluster is up; the parent prints the child's pid.
 ZYGOTE = textwrap.dedent('''
     import os, signal, sys
     import numpy, zarr, dask.array, distributed
@@ -196,7 +196,8 @@ ZYGOTE = textwrap.dedent('''
 
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # children reap themselves
     for line in sys.stdin:
-        d = line.strip()
+        d, group = line.split()
+        group = False if group == "off" else int(group)
         pid = os.fork()
         if pid == 0:
             with dg.LocalGPUCluster(simulate=True, processes=False,
@@ -204,7 +205,7 @@ ZYGOTE = textwrap.dedent('''
                 open(os.path.join(d, "READY"), "w").close()
                 run_batch(affine, [d + "/x.npy", d + "/y.zarr"],
                           [d + "/z.zarr", (d + "/w.zarr", "float32")], scalars=[2.0],
-                          chunks=10, client=cl, progress=False)
+                          chunks=10, client=cl, progress=False, group=group)
             open(os.path.join(d, "DONE"), "w").close()
             os._exit(0)
         print(pid, flush=True)
@@ -244,7 +245,8 @@ def _kill_when_due(pid, folder, delay, after_a_chunk=False):
 
 
 def test_sigkill_at_random_points_then_rerun_is_exact(client, tmp_path, monkeypatch):
-    """20 batch processes killed with SIGKILL at random moments; each rerun is exact."""
+    """20 batch processes, half of them 5 chunks a task, killed with SIGKILL at random moments;
+    each rerun, grouped or not, is exact."""
     (tmp_path / "crashkern.py").write_text(KERNEL_MODULE)
     monkeypatch.syspath_prepend(str(tmp_path))
     from crashkern import affine as kernel  # the children's kernel: the same job
@@ -262,7 +264,8 @@ def test_sigkill_at_random_points_then_rerun_is_exact(client, tmp_path, monkeypa
             d.mkdir()
             np.save(d / "x.npy", x)
             write_zarr(d / "y.zarr", y, 10)
-            zygote.stdin.write(f"{d}\n")
+            # One task a chunk, or (half the trials) 5 chunks a task: 28 bytes an element.
+            zygote.stdin.write(f"{d} {1400 if t % 4 >= 2 else 'off'}\n")
             zygote.stdin.flush()
             pid = int(zygote.stdout.readline())
             # Anywhere from creating the outputs to past the end of the job; every other
@@ -272,7 +275,8 @@ def test_sigkill_at_random_points_then_rerun_is_exact(client, tmp_path, monkeypa
             killed_midway += 0 < written < 30
             report = run_batch(kernel, [str(d / "x.npy"), str(d / "y.zarr")],
                                [str(d / "z.zarr"), (str(d / "w.zarr"), "float32")],
-                               scalars=[2.0], chunks=10, client=client, progress=False)
+                               scalars=[2.0], chunks=10, client=client, progress=False,
+                               group=1400 if t % 2 else False)
             assert report.complete and not report.failed, report.summary()
             np.testing.assert_array_equal(zarr.open_array(str(d / "z.zarr"), mode="r")[:],
                                           2.0 * x + y)
