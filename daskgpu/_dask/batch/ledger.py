@@ -25,7 +25,7 @@ import os
 import re
 
 from daskgpu._errors import LedgerError
-from daskgpu._files import atomic_write, fsync
+from daskgpu._files import at_once, atomic_write, fsync
 
 __all__ = ["INSTANCE_KEYS", "JOB", "LEDGER", "LedgerError", "block_digest", "done_chunks",
            "file_digest", "forget", "job_differences", "read_job", "read_marker", "record",
@@ -182,13 +182,18 @@ def record_all(path, records, nonce) -> None:
     """Mark several chunks of output ``path`` finished: ``records`` of ``(block_id, inputs,
     output)``, as :func:`record` takes them.
 
-    Each marker is written whole or not at all; the ledger directory is synced
-    once, after the last, so that a group of chunks costs one sync of it.
+    Each marker is written whole or not at all, several at once; the ledger
+    directory is synced once, after the last, so that a group of chunks costs
+    one sync of it.
     """
     ledger = os.path.join(path, LEDGER)
-    for block_id, inputs, output in records:
+
+    def write(record):
+        block_id, inputs, output = record
         marker = json.dumps({"job": nonce, "inputs": list(inputs), "output": output}).encode()
         atomic_write(os.path.join(ledger, marker_name(block_id)), marker, sync_folder=False)
+
+    at_once(write, records)
     fsync(ledger)
 
 

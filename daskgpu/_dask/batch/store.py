@@ -341,7 +341,7 @@ class ChunkWriter:
             return self._write(blocks, block_id)
 
     def _write(self, blocks, block_id):
-        from daskgpu._files import fsync, fsync_up
+        from daskgpu._files import at_once, fsync, fsync_up
 
         outs = blocks[:len(self.paths)]
         ins = blocks[len(self.paths):len(blocks) - self.masked]
@@ -363,8 +363,7 @@ class ChunkWriter:
                     z[tuple(slice(s + p.start, s + p.stop) for s, p in zip(start, piece))] = (
                         block[piece])
             files = [_chunk_file(z, path, _plus(first, ix)) for ix in local]
-            for file in files:
-                fsync(file)
+            at_once(fsync, files)
             for folder in dict.fromkeys(os.path.dirname(f) for f in files):
                 fsync_up(folder, path)  # each new directory entry too, once
             stored[path] = [_ledger.file_digest(f) for f in files]
