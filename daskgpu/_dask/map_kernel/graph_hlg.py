@@ -17,6 +17,7 @@ import numpy as np
 from daskgpu._dask.map_kernel import reduction
 from daskgpu._dask.map_kernel.arguments import Out
 from daskgpu._dask.map_kernel.chunk_task import run_chunk
+from daskgpu._dask.map_kernel.hlg_sources import read_in_groups
 
 __all__ = ["EMBED_BYTES", "HLGLayer", "LAUNCH_KEY_ANNOTATION", "embeds", "launch_key", "unified"]
 
@@ -56,11 +57,14 @@ class HLGLayer:
 
     @staticmethod
     def regroup(array, chunks):
-        """``array`` with larger chunks, neighbours merged: a rechunk, whose tasks each
-        concatenate the chunks of a group (the HighLevelGraph cannot reach the source)."""
+        """``array`` with larger chunks, neighbours merged. An array read by
+        ``da.from_array`` (or ``da.from_zarr``) with nothing between is built again to
+        read the larger pieces itself (:func:`.hlg_sources.read_in_groups`); any other
+        gets a rechunk, whose tasks each concatenate the chunks of a group."""
         if array.name == PLACEHOLDER:
             return _placeholder(chunks, array.ndim)
-        return array.rechunk(chunks)
+        grouped = read_in_groups(array, chunks)
+        return grouped if grouped is not None else array.rechunk(chunks)
 
     @staticmethod
     def overlap(arrays, depth, boundary):
