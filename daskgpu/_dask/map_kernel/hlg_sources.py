@@ -77,37 +77,41 @@ def _constants_in_groups(array, layer, chunks):
     """``array``'s chunks, constants of its graph (``da.from_array`` of a NumPy array),
     joined into one constant per group on the client."""
     from dask._task_spec import DataNode
-    from dask.array.core import Array, concatenate3
+    from dask.array.core import Array
 
     runs = [_runs(tuple(old), tuple(new)) for old, new in zip(array.chunks, chunks)]
-    if any(r is None for r in runs) or len(layer) != math.prod(array.numblocks):
-        return None
     mapping = layer.mapping
-    pieces = {}
-    for key in product([array.name], *(range(n) for n in array.numblocks)):
-        value = mapping.get(key)
-        if isinstance(value, DataNode):
-            value = value.value
-        # Exactly NumPy's own arrays: a subclass may not concatenate to the same thing.
-        if type(value) is not np.ndarray or value.dtype != array.dtype:
+    if any(r is None for r in runs) or len(mapping) != math.prod(array.numblocks):
+        return None
+    # Exactly NumPy's own arrays (a subclass may not join to the same thing), checked
+    # in one pass: this runs over every chunk of the array.
+    if not all(type(v) is np.ndarray for v in mapping.values()):
+        if not all(isinstance(v, DataNode) and type(v.value) is np.ndarray
+                   for v in mapping.values()):
             return None
-        pieces[key[1:]] = value
-    for index, piece in pieces.items():
-        if piece.shape != tuple(c[i] for c, i in zip(array.chunks, index)):
-            return None
+        mapping = {k: v.value for k, v in mapping.items()}
+    ndim, source = array.ndim, array.name
 
     def joined(group, axis=0, index=()):
-        if axis == len(group):
-            return pieces[index]
-        return [joined(group, axis + 1, index + (b,)) for b in runs[axis][group[axis]]]
+        if axis == ndim:
+            return mapping[(source, *index)]
+        parts = [joined(group, axis + 1, index + (b,)) for b in runs[axis][group[axis]]]
+        # One chunk is kept as it is (a view); several are copied into one array.
+        return parts[0] if len(parts) == 1 else np.concatenate(parts, axis=axis)
 
     name = _group_name(array, chunks)
     grouped = {}
     for group in product(*(range(len(c)) for c in chunks)):
-        parts = joined(group)
-        # One chunk in a group is kept as it is; several are copied into one array.
-        grouped[(name, *group)] = (parts if isinstance(parts, np.ndarray)
-                                   else concatenate3(parts))
+        try:
+            piece = joined(group)
+        except (KeyError, ValueError):  # not one constant per chunk, or they do not fit
+            return None
+        # Joining along each axis needs the pieces to agree on the others, so a group of
+        # the right shape and dtype was joined from chunks of the right shapes.
+        if (piece.shape != tuple(c[g] for c, g in zip(chunks, group))
+                or piece.dtype != array.dtype):
+            return None
+        grouped[(name, *group)] = piece
     out = Array(grouped, name, chunks, meta=array._meta)
     _annotate_like(out, layer)
     return out
