@@ -275,3 +275,25 @@ def test_an_input_that_is_not_a_plain_source_still_groups_with_the_same_results(
     assert _launches(grouped) == 1
     if kind == "own getitem" and not EXPRESSIONS:  # read chunk by chunk, as given
         assert source.reads and all(stop - start == 256 for ((start, stop),) in source.reads)
+
+
+@pytest.mark.parametrize("kind", ["numpy", "locked", "zarr"])
+def test_on_a_cluster_a_source_read_in_groups_gives_the_ungrouped_results(client, kind,
+                                                                          tmp_path):
+    xn = np.arange(4096, dtype=np.float32)
+    if kind == "zarr":  # a store on disk, which the workers open themselves
+        if EXPRESSIONS:
+            pytest.skip("Dask's array expressions have no from_zarr yet")
+        zarr = pytest.importorskip("zarr")
+        z = zarr.create_array(str(tmp_path / "x.zarr"), shape=xn.shape, chunks=(256,),
+                              dtype=xn.dtype)
+        z[...] = xn
+        x = da.from_zarr(z)
+    else:
+        x = _source(kind, xn, 256)
+    grouped = dg.map_kernel(saxpy, dg.Out(like=x), np.float32(2), x, x)
+    apart = dg.map_kernel(saxpy, dg.Out(like=x), np.float32(2), x, x, group=False)
+    g, a = client.compute([grouped, apart], sync=True)
+    np.testing.assert_array_equal(g, a)
+    np.testing.assert_array_equal(g, 3 * xn)
+    assert grouped.numblocks == (1,)
