@@ -204,6 +204,7 @@ def launch_key(fn, key: str):
     layer = MaterializedLayer({key: DataNode(key, fn)}, annotations=annotations)
     return Delayed(key, HighLevelGraph({key: layer}, {key: set()}))
 
+
 # -- a from_array input read in the groups' pieces -----------------------------------
 #
 # An array made by ``da.from_array`` (and ``da.from_zarr``, built on it) holds its
