@@ -147,10 +147,11 @@ def map_kernel(kernel, *args, depth=None, boundary=None, tpb=0, name=None, grid_
         results are the same. Not done with ``chunks=``, or with a per-chunk
         output that keeps one element per launch (no ``combine=`` over every
         mapped axis). None or True: the setting; False: no grouping; a size
-        (bytes, or a string such as ``"64 MiB"``): that target. On Dask's array
-        expressions an input read by ``da.from_array`` reads the larger pieces
-        itself; otherwise each group is one concatenating task before its
-        launch.
+        (bytes, or a string such as ``"64 MiB"``): that target. An input read
+        by ``da.from_array`` or ``da.from_zarr``, with nothing between, reads
+        the larger pieces itself (on both of Dask's graph layers): one task per
+        launch. Any other input is joined by a task per group before its
+        launch, its chunks' own tasks left as they are.
 
     Returns
     -------

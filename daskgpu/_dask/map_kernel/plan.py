@@ -199,7 +199,7 @@ def plan_map(kernel, args, *, depth=None, boundary=None, tpb=0, name=None, grid_
     if deepened is not None:
         grouped = deepened
     if grouped is not None:
-        aligned = [layer.regroup(a, _right_aligned(grouped, a)) for a in aligned]
+        aligned = _regrouped(layer, aligned, grouped)
         out_chunks = grouped
         params, results = plan_params(kernel.__name__, image, roles, arrays, out_chunks,
                                       simulate, flat)
@@ -357,6 +357,17 @@ def _bytes_per_element(arrays, aligned, params) -> int:
                 if not isinstance(given, Out))
     total += sum(np.dtype(p.dtype).itemsize for p, _ in params if isinstance(p, OutParam))
     return total
+
+
+def _regrouped(layer, aligned, grouped) -> list:
+    """Each of ``aligned`` over the ``grouped`` chunks; an array passed several times
+    (``saxpy(out, a, x, x)``) is regrouped once, its pieces read or joined once."""
+    done = {}
+    for a in aligned:
+        chunks = _right_aligned(grouped, a)
+        if (a.name, chunks) not in done:
+            done[a.name, chunks] = layer.regroup(a, chunks)
+    return [done[a.name, _right_aligned(grouped, a)] for a in aligned]
 
 
 def _right_aligned(grouped, array) -> tuple:
