@@ -154,6 +154,21 @@ class Kernel(LaunchAPI):
         """The compiled signatures, as strings."""
         return [im.signature for im in self.images]
 
+    @functools.cached_property
+    def parameter_names(self) -> tuple[str, ...] | None:
+        """The names of the kernel's parameters, from its Python function (Numba makes
+        each one a parameter of the kernel); None where they are not plain positional
+        ones."""
+        import inspect
+
+        try:
+            params = inspect.signature(self.py_func).parameters.values()
+        except (TypeError, ValueError):
+            return None
+        if any(p.kind not in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in params):
+            return None
+        return tuple(p.name for p in params)
+
     def select_image(self, args: Sequence[Any], infos: Sequence[Any] | None = None
                      ) -> KernelImage:
         """The image a launch on ``args`` runs, as Numba's dispatcher picks it.
@@ -176,7 +191,8 @@ class Kernel(LaunchAPI):
         """
         try:
             # A lazy kernel compiles for new types where an eager one casts, as in Numba.
-            return select_image(self.__name__, self.images, args, infos, unsafe=not self._lazy)
+            return select_image(self.__name__, self.images, args, infos, unsafe=not self._lazy,
+                                names=self.parameter_names)
         except TypeError:
             if not self._lazy:
                 raise

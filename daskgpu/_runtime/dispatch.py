@@ -14,7 +14,7 @@ from daskgpu._image.argspec import describe, mismatch, passed_value, signature_s
 from daskgpu._image.array_info import array_info, has_layout
 
 
-def select_image(name, images, args, infos=None, unsafe=True):
+def select_image(name, images, args, infos=None, unsafe=True, names=None):
     """The image that Numba's dispatcher would pick for ``args``; else ``TypeError``.
 
     ``infos`` are the arguments' :func:`array_info`, when already read. As
@@ -25,7 +25,9 @@ def select_image(name, images, args, infos=None, unsafe=True):
     image reached by unsafe casts is taken: integers of any width or sign
     wrap as C casts do, and an integer array is read as the signature's
     integer dtype of the same size (numba-cuda's single-signature kernels
-    pass arrays unchecked; daskgpu reinterprets nothing else).
+    pass arrays unchecked; daskgpu reinterprets nothing else). ``names``, the
+    kernel's parameter names where known (on the client), name the argument that
+    no image takes in the error.
     """
     if infos is None:
         infos = [array_info(a) for a in args]
@@ -57,7 +59,7 @@ def select_image(name, images, args, infos=None, unsafe=True):
         return best
     received = "(" + ", ".join(describe(a) for a in args) + ")"
     shipped = "\n  ".join(
-        signature_str(im.args) + _why_not(im, args) for im in images
+        signature_str(im.args) + _why_not(im, args, names) for im in images
     ) or "(none)"
     raise TypeError(
         # "No matching definition" first, as numba-cuda's message starts.
@@ -140,11 +142,12 @@ def _numba_scalar_dtype(value):
     return None
 
 
-def _why_not(image, args) -> str:
+def _why_not(image, args, names=None) -> str:
     if len(image.args) != len(args):
         return f": takes {len(image.args)} arguments, got {len(args)}"
     for i, (spec, a) in enumerate(zip(image.args, args)):
         reason = mismatch(spec, a)
         if reason:
-            return f": argument {i} {reason}"
+            named = f" ({names[i]!r})" if names is not None and len(names) == len(args) else ""
+            return f": argument {i}{named} {reason}"
     return ""

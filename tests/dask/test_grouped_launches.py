@@ -9,7 +9,8 @@ import dask
 import dask.array as da
 import numpy as np
 import pytest
-from layers import EXPRESSIONS
+from kit.kernels import saxpy
+from layers import EXPRESSIONS, hlg_only
 from numba import cuda
 from numba.cuda.random import xoroshiro128p_uniform_float32
 
@@ -64,10 +65,51 @@ def uniform(out, states):
 
 def _launches(arr) -> int:
     """How many tasks of ``arr``'s optimized graph run a launch."""
-    (opt,) = dask.optimize(arr)
-    if EXPRESSIONS:
-        opt = arr.optimize()
+    # dask.optimize materializes an expression's graph before Dask's own passes, which
+    # a rechunk's expression cannot take: expressions optimize themselves.
+    opt = arr.optimize() if EXPRESSIONS else dask.optimize(arr)[0]
     return sum(1 for task in dict(opt.__dask_graph__()).values() if runs_launch(task))
+
+
+def _tasks(arr) -> int:
+    """How many tasks ``arr``'s optimized graph holds, constants included, without the
+    aliases that Dask's fusion leaves under the old keys."""
+    from dask._task_spec import Alias
+
+    # dask.optimize materializes an expression's graph before Dask's own passes, which
+    # a rechunk's expression cannot take: expressions optimize themselves.
+    opt = arr.optimize() if EXPRESSIONS else dask.optimize(arr)[0]
+    return sum(1 for task in dict(opt.__dask_graph__()).values() if not isinstance(task, Alias))
+
+
+class Recorded:
+    """An array-like that is not NumPy's, so that ``da.from_array`` reads it with a
+    task per chunk (``graph_from_arraylike``), and that records each piece read."""
+
+    def __init__(self, data):
+        self.data, self.shape, self.dtype, self.ndim = data, data.shape, data.dtype, data.ndim
+        self.reads = []
+
+    def __getitem__(self, index):
+        self.reads.append(tuple((s.start, s.stop) for s in index))
+        return self.data[index]
+
+
+def _source(kind, xn, chunks):
+    """``xn`` as ``da.from_array`` (or ``da.from_zarr``) makes it in each of its graphs."""
+    if kind == "numpy":  # sliced on the client, a constant per chunk
+        return da.from_array(xn, chunks=chunks)
+    if kind == "locked":  # a lock: read by a task per chunk
+        return da.from_array(xn, chunks=chunks, lock=True)
+    if kind == "inline":  # the source in every task rather than a key of its own
+        return da.from_array(Recorded(xn), chunks=chunks, inline_array=True)
+    if kind == "zarr":
+        zarr = pytest.importorskip("zarr")
+        z = zarr.create_array(zarr.storage.MemoryStore(), shape=xn.shape, chunks=chunks,
+                              dtype=xn.dtype)
+        z[...] = xn
+        return da.from_zarr(z)
+    return da.from_array(Recorded(xn), chunks=chunks)
 
 
 def _both(build):
@@ -166,3 +208,92 @@ def test_groups_merge_neighbours_and_never_split_a_chunk():
     assert group_chunks(((4,) * 3, (5,) * 4), per_element=1, target=160) == ((8, 4), (20,))
     # A chunk a quarter of the target or more: already large enough.
     assert group_chunks(((3, 7),), per_element=1, target=27) is None
+
+
+@hlg_only
+@pytest.mark.parametrize("kind", ["numpy", "locked", "array-like", "inline", "zarr"])
+def test_on_the_hlg_a_from_array_source_reads_the_groups_itself(kind):
+    xn = np.arange(4096, dtype=np.float32)
+    x = _source(kind, xn, 256)
+    grouped, apart, g, a = _both(
+        lambda group: dg.map_kernel(saxpy, dg.Out(like=x), np.float32(2), x, x, group=group))
+    np.testing.assert_array_equal(g, a)
+    np.testing.assert_array_equal(g, 3 * xn)
+    assert grouped.chunks == ((4096,),)
+    # One task: the launch, its piece read or held in it; no read of a chunk, no
+    # task that joins 16 of them.
+    assert _tasks(grouped) == _launches(grouped) == 1
+    assert _launches(apart) == 16
+
+
+@hlg_only
+def test_on_the_hlg_the_source_is_read_once_a_group_in_two_dimensions():
+    xn = np.arange(60 * 50, dtype=np.float32).reshape(60, 50)
+    source = Recorded(xn)
+    x = da.from_array(source, chunks=(10, 10))
+    with dask.config.set({"daskgpu.simulate": True}):
+        # 12 bytes an element (x twice, the output): 12 KiB is 1024 elements, rows
+        # of 50 in groups of 20.
+        z = dg.map_kernel(saxpy, dg.Out(like=x), np.float32(2), x, x, group="12 KiB")
+        assert z.chunks == ((20, 20, 20), (50,))
+        source.reads.clear()  # from_array's read of an empty piece, for its meta
+        got = z.compute()
+    np.testing.assert_array_equal(got, 3 * xn)
+    assert sorted(source.reads) == [((r, r + 20), (0, 50)) for r in (0, 20, 40)]
+
+
+@hlg_only
+def test_on_the_hlg_a_source_read_again_keeps_its_annotations():
+    from dask.utils import key_split
+
+    xn = np.arange(4096, dtype=np.float32)
+    with dask.annotate(priority=7):
+        x = da.from_array(Recorded(xn), chunks=256)
+    with dask.config.set({"daskgpu.simulate": True}):
+        z = dg.map_kernel(saxpy, dg.Out(like=x), np.float32(2), x, x)
+    reads = {name: layer for name, layer in z.dask.layers.items()
+             if key_split(name) in ("array", "original-array")}
+    assert len(reads) == 2  # the source's key and its reads, once for both arguments
+    assert all(layer.annotations == {"priority": 7} for layer in reads.values())
+
+
+@pytest.mark.parametrize("kind", ["computed", "sliced", "own getitem"])
+def test_an_input_that_is_not_a_plain_source_still_groups_with_the_same_results(kind):
+    xn = np.arange(4096, dtype=np.float32)
+    source = Recorded(xn)
+    if kind == "computed":
+        x = da.from_array(xn, chunks=256) + np.float32(1)
+    elif kind == "sliced":
+        x = da.from_array(np.arange(8192, dtype=np.float32), chunks=256)[::2]
+    else:  # a getitem of the user's may not read a larger piece as Dask's getters do
+        x = da.from_array(source, chunks=256, getitem=lambda a, b: a[b])
+    source.reads.clear()  # from_array's read of an empty piece, for its meta
+    grouped, apart, g, a = _both(
+        lambda group: dg.map_kernel(saxpy, dg.Out(like=x), np.float32(2), x, x, group=group))
+    np.testing.assert_array_equal(g, a)
+    assert grouped.chunks == ((4096,),)
+    assert _launches(grouped) == 1
+    if kind == "own getitem" and not EXPRESSIONS:  # read chunk by chunk, as given
+        assert source.reads and all(stop - start == 256 for ((start, stop),) in source.reads)
+
+
+@pytest.mark.parametrize("kind", ["numpy", "locked", "zarr"])
+def test_on_a_cluster_a_source_read_in_groups_gives_the_ungrouped_results(client, kind,
+                                                                          tmp_path):
+    xn = np.arange(4096, dtype=np.float32)
+    if kind == "zarr":  # a store on disk, which the workers open themselves
+        if EXPRESSIONS:
+            pytest.skip("Dask's array expressions have no from_zarr yet")
+        zarr = pytest.importorskip("zarr")
+        z = zarr.create_array(str(tmp_path / "x.zarr"), shape=xn.shape, chunks=(256,),
+                              dtype=xn.dtype)
+        z[...] = xn
+        x = da.from_zarr(z)
+    else:
+        x = _source(kind, xn, 256)
+    grouped = dg.map_kernel(saxpy, dg.Out(like=x), np.float32(2), x, x)
+    apart = dg.map_kernel(saxpy, dg.Out(like=x), np.float32(2), x, x, group=False)
+    g, a = client.compute([grouped, apart], sync=True)
+    np.testing.assert_array_equal(g, a)
+    np.testing.assert_array_equal(g, 3 * xn)
+    assert grouped.numblocks == (1,)

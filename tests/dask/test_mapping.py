@@ -215,11 +215,27 @@ def test_halo_2d_reflect(simulate):
     np.testing.assert_allclose(out.compute(), expected, rtol=1e-12)
 
 
-def test_halo_deeper_than_a_chunk_is_refused(simulate):
+@pytest.mark.parametrize("boundary", ["periodic", "reflect", 0])
+def test_a_halo_deeper_than_a_chunk_rechunks_as_map_overlap_does(simulate, boundary):
+    xn = np.arange(10.0) ** 2
+    x = da.from_array(xn, chunks=((4, 4, 2),))
+    out = dg.map_kernel(smooth, dg.Out(np.float64, like=x), x, depth=3, boundary=boundary)
+    # The chunks da.map_overlap gives, and the values of the same map over them.
+    assert out.chunks == da.map_overlap(lambda b: b, x, depth=3, boundary=boundary).chunks
+    assert min(out.chunks[0]) >= 3
+    rechunked = x.rechunk(out.chunks)
+    want = dg.map_kernel(smooth, dg.Out(np.float64, like=rechunked), rechunked, depth=3,
+                         boundary=boundary)
+    np.testing.assert_array_equal(out.compute(), want.compute())
+    if boundary == "periodic":
+        np.testing.assert_array_equal(out.compute(), np.roll(xn, 1) + xn + np.roll(xn, -1))
+
+
+def test_a_halo_deeper_than_the_axis_is_refused(simulate):
     x = da.ones(10, chunks=((4, 4, 2),))
-    with pytest.raises(ValueError, match=r"depth 3 on axis 0 is deeper than the smallest "
-                                         r"chunk \(2 elements"):
-        dg.map_kernel(smooth, dg.Out(np.float64, like=x), x, depth=3)
+    with pytest.raises(ValueError, match=r"depth 11 on axis 0 is deeper than the axis is "
+                                         r"long \(10 elements"):
+        dg.map_kernel(smooth, dg.Out(np.float64, like=x), x, depth=11)
 
 
 # -- alignment and argument kinds ---------------------------------------------

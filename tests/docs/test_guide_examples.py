@@ -178,6 +178,7 @@ def gpu_examples() -> list:
 
 
 @pytest.mark.gpu
+@pytest.mark.slow
 @pytest.mark.parametrize("page,code", gpu_examples(),
                          ids=[f"{p}-{i}" for i, (p, _) in enumerate(gpu_examples())])
 def test_guide_gpu_example_runs_as_a_script(page, code, tmp_path):

@@ -52,6 +52,18 @@ def test_no_matching_signature_lists_signatures_and_received_types():
     assert "kernel.specialize(*args)" in msg
 
 
+def test_on_the_client_the_argument_no_signature_takes_is_named_by_its_parameter():
+    args = (np.zeros(8, np.float32), 2.0, np.zeros(8, np.int32), np.zeros(8, np.float32))
+    with pytest.raises(TypeError) as info:
+        saxpy.select_image(args)  # the client's kernel knows its Python function
+    names = saxpy.parameter_names
+    assert names is not None and len(names) == 4
+    assert f"argument 2 ({names[2]!r}) expects dtype float32, got int32" in str(info.value)
+    with pytest.raises(TypeError) as info:
+        PTXKernel(saxpy.images).select_image(args)  # a worker's has no names: positions
+    assert "argument 2 expects dtype float32, got int32" in str(info.value)
+
+
 @pytest.mark.parametrize("args, reason", [
     ((np.zeros((2, 2), np.float32, order="F"), 1),
      "argument 0 expects a C-contiguous array, got a F-layout one; pass np.ascontiguousarray(a)"),

@@ -80,7 +80,9 @@ def map_kernel(kernel, *args, depth=None, boundary=None, tpb=0, name=None, grid_
         fills the outer edges: None (the default) or ``"none"`` leaves them
         without a halo, as ``da.map_overlap`` does; or ``"reflect"``,
         ``"periodic"``, ``"nearest"``, a constant. Outputs are allocated like
-        the extended chunk and trimmed afterwards.
+        the extended chunk and trimmed afterwards. Chunks shallower than their
+        halo are first merged with their neighbours, as ``da.map_overlap``
+        rechunks, and the output has those chunks.
     tpb : int
         Threads per block; 0 asks the occupancy API, whose choice differs
         between devices. A kernel with static shared memory
@@ -145,10 +147,11 @@ def map_kernel(kernel, *args, depth=None, boundary=None, tpb=0, name=None, grid_
         results are the same. Not done with ``chunks=``, or with a per-chunk
         output that keeps one element per launch (no ``combine=`` over every
         mapped axis). None or True: the setting; False: no grouping; a size
-        (bytes, or a string such as ``"64 MiB"``): that target. On Dask's array
-        expressions an input read by ``da.from_array`` reads the larger pieces
-        itself; otherwise each group is one concatenating task before its
-        launch.
+        (bytes, or a string such as ``"64 MiB"``): that target. An input read
+        by ``da.from_array`` or ``da.from_zarr``, with nothing between, reads
+        the larger pieces itself (on both of Dask's graph layers): one task per
+        launch. Any other input is joined by a task per group before its
+        launch, its chunks' own tasks left as they are.
 
     Returns
     -------
@@ -288,13 +291,14 @@ def _halo(plan: MapPlan, layer):
                 f"got one of shape {a.shape}. Broadcast it first (da.broadcast_to)."
             )
     for ax, d in depth.items():
+        # Shallower chunks were rechunked when planned, as da.map_overlap does: what is
+        # left is an axis shorter than its halo.
         smallest = min(plan.out_chunks[ax]) if plan.out_chunks[ax] else 0
         if d > smallest:
             raise ValueError(
-                f"map_kernel depth {d} on axis {ax} is deeper than the smallest chunk "
-                f"({smallest} elements; chunks {plan.out_chunks[ax]}). Rechunk so every "
-                f"chunk on axis {ax} has at least {d} elements (x.rechunk(...)), or use a "
-                "smaller depth."
+                f"map_kernel depth {d} on axis {ax} is deeper than the axis is long "
+                f"({sum(plan.out_chunks[ax])} elements; chunks {plan.out_chunks[ax]}), "
+                "so no chunk can hold its halo; use a depth of at most the axis's length."
             )
     overlapped = layer.overlap(aligned, depth, boundary)
     left = tuple(boundary[ax] != "none" for ax in range(ndim))

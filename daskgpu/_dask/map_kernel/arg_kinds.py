@@ -16,13 +16,12 @@ what its tasks need; a kind that leaves out ``claims``, ``examples`` or
 
 from __future__ import annotations
 
-import math
 from numbers import Number
 from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
 
-from daskgpu._dask.map_kernel.arguments import Out, offset
+from daskgpu._dask.map_kernel.arguments import Out, offset, unknown_sizes
 from daskgpu._dask.map_kernel.chunk_params import (
     ChunkParam,
     FlatChunkParam,
@@ -171,7 +170,7 @@ def check_array(a, pos: int) -> None:
     a kernel would see the data alone, and drop the mask) and non-native byte
     order are refused when the graph is built.
     """
-    if any(math.isnan(c) for dim in a.chunks for c in dim):
+    if unknown_sizes(a.chunks):
         raise ValueError(
             f"map_kernel argument {pos} has unknown chunk sizes {a.chunks} (as after "
             "boolean indexing, x[x > 0]); call x = x.compute_chunk_sizes() first"

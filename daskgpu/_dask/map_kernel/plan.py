@@ -195,8 +195,11 @@ def plan_map(kernel, args, *, depth=None, boundary=None, tpb=0, name=None, grid_
     if chunks is None and _may_group(params, ndim):  # chunks=: the user's, as given
         grouped = group_chunks(out_chunks, _bytes_per_element(arrays, aligned, params),
                                launch_bytes(group, cluster))
+    deepened = _deep_enough(grouped or out_chunks, depth, boundary, ndim, layer)
+    if deepened is not None:
+        grouped = deepened
     if grouped is not None:
-        aligned = [layer.regroup(a, _right_aligned(grouped, a)) for a in aligned]
+        aligned = _regrouped(layer, aligned, grouped)
         out_chunks = grouped
         params, results = plan_params(kernel.__name__, image, roles, arrays, out_chunks,
                                       simulate, flat)
@@ -217,6 +220,28 @@ def plan_map(kernel, args, *, depth=None, boundary=None, tpb=0, name=None, grid_
     return MapPlan(kernel.__name__, ship, rank, int(tpb), params, returns, tuple(arrays),
                    tuple(aligned), out_chunks, depth, boundary, str(name), prefix, timeout, cluster,
                    split_every, _meta_base(arrays), grouped is not None)
+
+
+def _deep_enough(chunks, depth, boundary, ndim, layer):
+    """``chunks`` with every chunk at least as deep as the halo on its axis, where one is
+    not, as ``da.map_overlap`` rechunks (dask's ``ensure_minimum_chunksize``); None when
+    every chunk is, or the halo is one :func:`~.api._halo` refuses (a depth that is not a
+    non-negative integer, or deeper than the whole axis)."""
+    from numbers import Integral
+
+    from dask.array.overlap import ensure_minimum_chunksize
+
+    if depth is None:
+        return None
+    halo, _ = layer.coerce_halo(ndim, depth, boundary)
+    deepened = list(chunks)
+    for ax, d in halo.items():
+        if not isinstance(d, Integral) or d <= 0 or not chunks[ax] or d <= min(chunks[ax]):
+            continue
+        if d > sum(chunks[ax]):
+            return None
+        deepened[ax] = ensure_minimum_chunksize(int(d), chunks[ax])
+    return tuple(deepened) if deepened != list(chunks) else None
 
 
 def _check_flat_halo(kernel_name, depth, ndim):
@@ -332,6 +357,17 @@ def _bytes_per_element(arrays, aligned, params) -> int:
                 if not isinstance(given, Out))
     total += sum(np.dtype(p.dtype).itemsize for p, _ in params if isinstance(p, OutParam))
     return total
+
+
+def _regrouped(layer, aligned, grouped) -> list:
+    """Each of ``aligned`` over the ``grouped`` chunks; an array passed several times
+    (``saxpy(out, a, x, x)``) is regrouped once, its pieces read or joined once."""
+    done = {}
+    for a in aligned:
+        chunks = _right_aligned(grouped, a)
+        if (a.name, chunks) not in done:
+            done[a.name, chunks] = layer.regroup(a, chunks)
+    return [done[a.name, _right_aligned(grouped, a)] for a in aligned]
 
 
 def _right_aligned(grouped, array) -> tuple:

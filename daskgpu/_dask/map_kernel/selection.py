@@ -136,19 +136,10 @@ def _check_count(kernel, roles, ndim) -> None:
 
 
 def _parameter_names(kernel):
-    """The names of the kernel's parameters, from its Python function; None without one."""
-    import inspect
-
-    py_func = getattr(kernel, "py_func", None)
-    if py_func is None:
-        return None
-    try:
-        params = inspect.signature(py_func).parameters.values()
-    except (TypeError, ValueError):
-        return None
-    if any(p.kind not in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in params):
-        return None
-    return [p.name for p in params]
+    """The names of the kernel's parameters, from its Python function; None without one
+    (a kernel loaded from a file)."""
+    names = getattr(kernel, "parameter_names", None)
+    return None if names is None else list(names)
 
 
 def _forms(kernel, ndim, grid_ndim) -> tuple:

@@ -41,7 +41,7 @@ from daskgpu._dask.placement import launches_in
 from daskgpu._errors import ContextLostError, LaunchTimeoutError
 from daskgpu._runtime import launch_runs
 
-__all__ = ["GRACE", "PERIOD", "STARTUP", "WATCH_CALLBACK", "LaunchGuard", "LaunchWatch",
+__all__ = ["GRACE", "PERIOD", "STARTUP", "TOLD", "WATCH_CALLBACK", "LaunchGuard", "LaunchWatch",
            "close_worker", "launch_of", "lost_context", "timeout_message"]
 
 logger = logging.getLogger("daskgpu")
@@ -240,7 +240,7 @@ class LaunchGuard:
         worker.state.running = False
         # A kernel over its time limit still runs: the process must end, not close.
         hung = "LaunchTimeoutError" in (task.exception_text or "")
-        worker.loop.call_later(GRACE, close_worker, worker, hung)
+        worker.loop.call_later(GRACE, close_worker, worker, hung, key)
 
     def _watch_task(self, key, start, finish) -> None:
         watch, worker = self.watch, self.worker
@@ -337,23 +337,52 @@ def lost_context(task) -> bool:
     return (task.exception_text or "").startswith(f"{ContextLostError.__name__}(")
 
 
-def close_worker(worker, hung: bool = False):
+def close_worker(worker, hung: bool = False, failed=None):
     """End the worker so that its nanny starts a fresh process.
 
     ``hung``: a kernel is still running. A process that closes normally then
     waits for it as it exits (the CUDA driver finishes a context's work before it
     destroys it); one that ends at once has its context torn down by the driver,
     which frees the GPU. Only a worker with a nanny is ended so: one without
-    shares its process with others (threaded workers, a client's).
+    shares its process with others (threaded workers, a client's). It ends once
+    the scheduler has the error of the task ``failed`` (its key), if one did, or
+    :data:`TOLD` seconds on.
     """
     if hung and getattr(worker, "nanny", None):
-        logger.error("daskgpu: ending worker process %s at once to free its GPU", worker.address)
-        logging.shutdown()
-        os._exit(1)
+        return asyncio.ensure_future(_end_once_told(worker, failed))
     # nanny=False: the nanny sees its worker process exit and starts a new one.
-    asyncio.ensure_future(
+    return asyncio.ensure_future(
         worker.close(nanny=False, executor_wait=False, reason="daskgpu: CUDA context lost")
     )
+
+
+#: Seconds a worker ending at once waits for the scheduler to have its failed task's error.
+TOLD = 10.0
+
+
+async def _end_once_told(worker, failed) -> None:
+    """End the process at once, after the scheduler has the error of the task ``failed``.
+
+    The error left on the worker's stream to the scheduler, but a process that
+    ends at once resets its connections, and the scheduler may drop what it had
+    not read yet: the task would then run again, on the fresh worker, as if its
+    worker had died, rather than fail. (Seen with a simulated kernel spinning
+    beside the event loop.) Asking the scheduler for the task's state, on
+    another connection, tells when it has read the error.
+    """
+    deadline = time.monotonic() + TOLD
+    while failed is not None and time.monotonic() < deadline:
+        try:
+            states = await asyncio.wait_for(
+                worker.scheduler.get_task_status(keys=[failed]), PERIOD * 4)
+        except Exception:  # the scheduler is away or slow: ask again, until TOLD
+            states = None
+        if states is not None and states.get(failed) != "processing":
+            break
+        await asyncio.sleep(PERIOD / 5)
+    logger.error("daskgpu: ending worker process %s at once to free its GPU", worker.address)
+    logging.shutdown()
+    os._exit(1)
 
 
 def _still_running(task) -> bool:

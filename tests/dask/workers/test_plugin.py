@@ -103,7 +103,7 @@ def test_a_task_failing_with_a_lost_context_closes_the_worker_once(picklable):
     plugin.transition("a", "executing", "memory")  # not an error: nothing
     assert worker.loop.later == []
     plugin.transition("a", "executing", "error")
-    assert worker.loop.later == [(_GRACE, _close, (worker, False))]  # no kernel left running
+    assert worker.loop.later == [(_GRACE, _close, (worker, False, "a"))]  # no kernel left running
     assert _GRACE > 0  # the task's error reaches the scheduler first
     plugin.transition("b", "executing", "error")  # closing already: once
     assert len(worker.loop.later) == 1

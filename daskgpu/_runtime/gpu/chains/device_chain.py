@@ -20,7 +20,7 @@ from daskgpu._runtime.gpu.copy_pipeline import memory_order
 from daskgpu._runtime.gpu.driver import check
 from daskgpu._runtime.gpu.pinned_arrays import is_page_locked
 
-__all__ = ["DeviceChain", "DeviceView"]
+__all__ = ["DeviceChain", "DeviceView", "zeroed"]
 
 
 class DeviceView:
@@ -59,6 +59,16 @@ class DeviceView:
 
     def __repr__(self):
         return f"<DeviceView {self.dtype} {self.shape} at {self.ptr:#x}>"
+
+
+def zeroed(allocate, stream, shape, dtype, order: str = "C") -> DeviceView:
+    """A device array of ``shape`` and ``dtype``, its memory from ``allocate(nbytes)``,
+    zero-filled in order on ``stream`` (for a chain's intermediate outputs)."""
+    view = DeviceView(0, shape, dtype, order)
+    view.ptr = allocate(view.nbytes)
+    if view.nbytes:
+        check(driver.cuMemsetD8Async(view.ptr, 0, view.nbytes, stream), "cuMemsetD8Async")
+    return view
 
 
 class DeviceChain:
@@ -118,12 +128,7 @@ class DeviceChain:
 
     def zeros(self, shape, dtype, order: str = "C") -> DeviceView:
         """A zero-filled device array: an intermediate output of the chain."""
-        view = DeviceView(0, shape, dtype, order)
-        view.ptr = self._allocate(view.nbytes)
-        if view.nbytes:
-            check(driver.cuMemsetD8Async(view.ptr, 0, view.nbytes, self.stream),
-                  "cuMemsetD8Async")
-        return view
+        return zeroed(self._allocate, self.stream, shape, dtype, order)
 
     def free(self) -> None:
         """Free the chain's device memory, in stream order after its last launch."""

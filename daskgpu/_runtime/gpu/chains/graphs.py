@@ -40,7 +40,7 @@ from daskgpu._bounded import BoundedCache
 from daskgpu._image.array_info import c_strides
 from daskgpu._runtime import metrics
 from daskgpu._runtime.gpu import device as _device
-from daskgpu._runtime.gpu.chains.device_chain import DeviceView
+from daskgpu._runtime.gpu.chains.device_chain import DeviceView, zeroed
 from daskgpu._runtime.gpu.copy_pipeline import PinnedSlot, memory_order
 from daskgpu._runtime.gpu.driver import SUCCESS, check
 
@@ -154,13 +154,8 @@ class GraphChain:
         return view
 
     def zeros(self, shape, dtype, order: str = "C") -> DeviceView:
-        """A zero-filled device array, filled anew by every replay."""
-        view = DeviceView(0, shape, dtype, order)
-        view.ptr = self._allocate(view.nbytes)
-        if view.nbytes:
-            check(driver.cuMemsetD8Async(view.ptr, 0, view.nbytes, self.stream),
-                  "cuMemsetD8Async")
-        return view
+        """A zero-filled device array, filled anew by every replay (the fill is recorded)."""
+        return zeroed(self._allocate, self.stream, shape, dtype, order)
 
     def copy_back(self, results) -> None:
         """Queue the copies of ``results``, the chain's outputs on the device, to staging."""
