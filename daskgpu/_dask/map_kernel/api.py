@@ -144,7 +144,10 @@ def map_kernel(kernel, *args, depth=None, boundary=None, tpb=0, name=None, grid_
         groups that need about that much, and launches once per group: Dask
         runs a few thousand tasks a second at best, and a launch over a small
         chunk leaves the GPU idle. The outputs then have the grouped chunks;
-        results are the same. Not done with ``chunks=``, or with a per-chunk
+        results are the same where, as ``da.map_overlap`` asks, an element's
+        result does not depend on where its chunk begins or ends (a kernel
+        that scans or normalises within its chunk needs ``group=False``: it
+        sees a group as one chunk). Not done with ``chunks=``, or with a per-chunk
         output that keeps one element per launch (no ``combine=`` over every
         mapped axis). None or True: the setting; False: no grouping; a size
         (bytes, or a string such as ``"64 MiB"``): that target. An input read
