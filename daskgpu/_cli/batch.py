@@ -358,21 +358,31 @@ def _main(ns) -> int:
 
     security = _security(ns)
     kernel = load_kernel(ns.kernel, ns.sig)
-    # Warnings (a lock file left behind) as one line each, after what they concern.
-    with warnings.catch_warnings(record=True) as caught, ExitStack() as stack:
-        stack.callback(_print_warnings, caught)
-        client = None
-        if ns.scheduler or ns.scheduler_file:
-            from distributed import Client
+    report = None
+    try:
+        # Warnings (a lock file left behind) as one line each, after what they concern.
+        with warnings.catch_warnings(record=True) as caught, ExitStack() as stack:
+            stack.callback(_print_warnings, caught)
+            client = None
+            if ns.scheduler or ns.scheduler_file:
+                from distributed import Client
 
-            client = stack.enter_context(Client(ns.scheduler, scheduler_file=ns.scheduler_file,
-                                                security=security))
-            stack.callback(_quiet_if_lost, client)  # runs before the client closes
-        report = run_batch(kernel, ns.input, ns.output, scalars=ns.scalar, order=ns.order,
-                           chunks=ns.chunks, client=client, devices=ns.devices,
-                           simulate=ns.simulate, retries=ns.retries, progress=ns.progress,
-                           resume=ns.resume, max_chunks=ns.max_chunks, group=ns.group)
-        print(report.summary())
+                client = stack.enter_context(Client(
+                    ns.scheduler, scheduler_file=ns.scheduler_file, security=security))
+                stack.callback(_quiet_if_lost, client)  # runs before the client closes
+            report = run_batch(kernel, ns.input, ns.output, scalars=ns.scalar,
+                               order=ns.order, chunks=ns.chunks, client=client,
+                               devices=ns.devices, simulate=ns.simulate, retries=ns.retries,
+                               progress=ns.progress, resume=ns.resume,
+                               max_chunks=ns.max_chunks, group=ns.group)
+            print(report.summary())
+    except KeyboardInterrupt as exc:
+        if report is not None and not getattr(exc, "__notes__", None):
+            # The job had ended, and said how: only closing the client was cut short.
+            exc.add_note("daskgpu batch interrupted after the job ended, while closing its "
+                         "connection to the scheduler: its outputs are as the line above "
+                         "says")
+        raise
     if report.failed:
         return FAILED
     return 0 if report.complete else INCOMPLETE

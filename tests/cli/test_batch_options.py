@@ -1,5 +1,6 @@
-"""``daskgpu batch`` arguments refused in one line before anything runs, and kernel modules
-that exit at import reported, not taken for success."""
+"""``daskgpu batch`` arguments refused in one line before anything runs, kernel modules
+that exit at import reported, not taken for success, and an interrupt's line that says
+where the run was."""
 
 from __future__ import annotations
 
@@ -104,3 +105,25 @@ def test_progress_takes_a_display_and_no_progress_means_none():
     assert parse(base).progress == "auto"
     assert parse([*base, "--progress", "lines"]).progress == "lines"
     assert parse([*base, "--no-progress"]).progress == "none"
+
+
+def test_ctrl_c_after_the_job_ended_says_so_not_that_it_never_started(folder, capsys,
+                                                                      monkeypatch):
+    import numpy as np
+
+    import daskgpu._cli.batch as batch_cli
+
+    np.save(folder / "x.npy", np.arange(8, dtype=np.float32))
+
+    def interrupted(caught):  # Ctrl-C as the run closes, once its report is printed
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(batch_cli, "_print_warnings", interrupted)
+    # --max-chunks 0 plans the job and computes nothing: no cluster starts.
+    code = batch_main(["k.py:f", "--input", "x.npy", "--output", "o.zarr", "--max-chunks",
+                       "0", "--simulate"])
+    out, err = capsys.readouterr()
+    assert code == batch_cli.INTERRUPTED
+    assert out.startswith("0/1 chunk written"), out  # the report's line came first
+    assert "interrupted after the job ended" in err, err
+    assert "before the job started" not in err, err
