@@ -17,6 +17,7 @@ import dask
 import dask.array as da
 import numpy as np
 import pytest
+from dask.utils import key_split
 from distributed import Client, get_task_stream, wait
 from distributed.diagnostics.plugin import SchedulerPlugin
 from layers import EXPRESSIONS, hlg_only, launch_restrictions
@@ -195,6 +196,32 @@ def test_a_client_that_does_not_simulate_ships_python_to_simulated_workers(mixed
                             np.ones(16, np.float32), pure=False)
         with pytest.raises(dg.DeviceError, match=r"shipped PTX only.*daskgpu\.simulate"):
             fut.result(timeout=60)
+
+
+@pytest.mark.slow
+@pytest.mark.grouped
+def test_10000_small_chunks_group_into_a_few_launches_on_gpu_workers_on_a_cluster_by_hand(
+        mixed_cluster):
+    # Grouping is sized from what the hand-started workers offer, as the client sees them;
+    # the scheduler, with its own config, only runs the few tasks.
+    client = mixed_cluster
+    plain = _plain_worker(client)
+    xn = np.arange(10_000, dtype=np.float32)
+    x = da.from_array(xn, chunks=1)
+    y = dg.map_kernel(scale, dg.Out(np.float32, like=x), 2.0, x)
+    assert y.numblocks[0] < 10, y.numblocks  # a few launches, not 10,000
+    # Persisted, each launch keeps its own key (a compute fuses one into its finalize).
+    with get_task_stream(client) as stream:
+        held = client.persist(y)
+        wait(held, timeout=120)
+    np.testing.assert_array_equal(held.compute(), 2 * xn)
+    # The launch tasks, by their name: on expressions a persisted collection's keys are
+    # its own, not those of the tasks that ran.
+    ran = [(r["key"], r["worker"]) for r in stream.data]
+    launched = [worker for key, worker in ran if key_split(key) == "scale"]
+    assert len(launched) == y.numblocks[0] and plain not in launched, ran
+    # Nothing per chunk in the graph: the source is read in the groups' pieces.
+    assert len(stream.data) <= 3 * y.numblocks[0], [r["key"] for r in stream.data][:12]
 
 
 _KERNELS = '''
