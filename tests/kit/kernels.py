@@ -57,3 +57,12 @@ def affine(out, a, x):
     i = cuda.grid(1)
     if i < out.size:
         out[i] = a * x[i] + 1.0
+
+
+@dg.jit
+def sum_diff(s, d, x, y):
+    """``s = x + y`` and ``d = x - y`` over 2-D arrays: two outputs, compiled lazily."""
+    i, j = cuda.grid(2)
+    if i < s.shape[0] and j < s.shape[1]:
+        s[i, j] = x[i, j] + y[i, j]
+        d[i, j] = x[i, j] - y[i, j]

@@ -17,7 +17,7 @@ import time
 import numpy as np
 import pytest
 from kit.batch import write_zarr
-from kit.kernels import SAXPY_FILE, SAXPY_SIG, saxpy
+from kit.kernels import SAXPY_FILE, SAXPY_SIG, saxpy, sum_diff
 from numba import cuda
 
 import daskgpu as dg
@@ -35,14 +35,6 @@ def permute(out, perm, x):
     i = cuda.grid(1)
     if i < out.size:
         out[i] = x[perm[i]]
-
-
-@dg.jit
-def sum_diff(s, d, x, y):
-    i, j = cuda.grid(2)
-    if i < s.shape[0] and j < s.shape[1]:
-        s[i, j] = x[i, j] + y[i, j]
-        d[i, j] = x[i, j] - y[i, j]
 
 
 @pytest.fixture

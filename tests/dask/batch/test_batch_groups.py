@@ -13,7 +13,7 @@ import re
 import numpy as np
 import pytest
 from kit.batch import write_zarr
-from kit.kernels import saxpy
+from kit.kernels import saxpy, sum_diff
 from numba import cuda
 
 import daskgpu as dg
@@ -37,14 +37,6 @@ def shifted(out, x, shift):
     i = cuda.grid(1)
     if i < out.size:
         out[i] = x[i + shift[i]]
-
-
-@dg.jit
-def sum_diff(s, d, x, y):
-    i, j = cuda.grid(2)
-    if i < s.shape[0] and j < s.shape[1]:
-        s[i, j] = x[i, j] + y[i, j]
-        d[i, j] = x[i, j] - y[i, j]
 
 
 @pytest.fixture
