@@ -297,3 +297,20 @@ def test_on_a_cluster_a_source_read_in_groups_gives_the_ungrouped_results(client
     np.testing.assert_array_equal(g, a)
     np.testing.assert_array_equal(g, 3 * xn)
     assert grouped.numblocks == (1,)
+
+
+@pytest.mark.parametrize("kind", ["numpy", "array-like"])
+def test_two_sources_chunked_differently_each_read_the_groups_pieces(kind):
+    # Their chunks are unified first, which rechunks one of them; the groups are read
+    # from the arrays as given, not joined from that rechunk.
+    xn = np.arange(4096, dtype=np.float32)
+    yn = xn[::-1].copy()
+    x, y = _source(kind, xn, 256), _source(kind, yn, 512)
+    grouped, apart, g, a = _both(
+        lambda group: dg.map_kernel(saxpy, dg.Out(like=x), np.float32(2), x, y, group=group))
+    np.testing.assert_array_equal(g, a)
+    np.testing.assert_array_equal(g, 2 * xn + yn)
+    assert grouped.chunks == ((4096,),)
+    # The launch, and for each source at most one read and its source's own key:
+    # nothing per chunk.
+    assert _launches(grouped) == 1 and _tasks(grouped) <= 1 + 2 * 2

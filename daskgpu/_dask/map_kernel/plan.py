@@ -199,7 +199,7 @@ def plan_map(kernel, args, *, depth=None, boundary=None, tpb=0, name=None, grid_
     if deepened is not None:
         grouped = deepened
     if grouped is not None:
-        aligned = _regrouped(layer, aligned, grouped)
+        aligned = _regrouped(layer, arrays, aligned, grouped)
         out_chunks = grouped
         params, results = plan_params(kernel.__name__, image, roles, arrays, out_chunks,
                                       simulate, flat)
@@ -359,15 +359,22 @@ def _bytes_per_element(arrays, aligned, params) -> int:
     return total
 
 
-def _regrouped(layer, aligned, grouped) -> list:
+def _regrouped(layer, arrays, aligned, grouped) -> list:
     """Each of ``aligned`` over the ``grouped`` chunks; an array passed several times
-    (``saxpy(out, a, x, x)``) is regrouped once, its pieces read or joined once."""
-    done = {}
-    for a in aligned:
+    (``saxpy(out, a, x, x)``) is regrouped once, its pieces read or joined once.
+
+    An array is regrouped from itself as given (``arrays``), not from its copy with
+    unified chunks: one of two ``da.from_array`` inputs chunked differently then still
+    reads the groups' pieces, where its unified copy, a rechunk, would be joined.
+    """
+    done, regrouped = {}, []
+    for given, a in zip(arrays, aligned):
+        source = a if isinstance(given, Out) or given.chunks == a.chunks else given
         chunks = _right_aligned(grouped, a)
-        if (a.name, chunks) not in done:
-            done[a.name, chunks] = layer.regroup(a, chunks)
-    return [done[a.name, _right_aligned(grouped, a)] for a in aligned]
+        if (source.name, chunks) not in done:
+            done[source.name, chunks] = layer.regroup(source, chunks)
+        regrouped.append(done[source.name, chunks])
+    return regrouped
 
 
 def _right_aligned(grouped, array) -> tuple:
