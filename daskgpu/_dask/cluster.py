@@ -182,6 +182,16 @@ interface, silence_logs, memory_limit, asynchronous, loop, name, scheduler_kwarg
         scheduler["options"]["plugins"] = [*plugins, GPUPlacement()]
         self.devices = chosen
         self.simulated = simulate
+        if not processes and silence_logs:
+            # Distributed silences its logs (silence_logs=) only while a cluster starts.
+            # Closing, an in-process worker's stream to the scheduler may close mid-send,
+            # and distributed.batched logs that at INFO with a traceback, after the
+            # cluster's one line. It says nothing a user can act on; warnings still show.
+            batched = logging.getLogger("distributed.batched")
+            level = (logging.getLevelName(silence_logs.upper())
+                     if isinstance(silence_logs, str) else silence_logs)
+            level = level if isinstance(level, int) and level is not True else logging.WARNING
+            batched.setLevel(max(batched.getEffectiveLevel(), level))
         self._departures: dict[Any, object] = {}  # worker name -> its latest departure
         self._gpu_specs = worker_specs(
             chosen, simulate=simulate, threads_per_worker=threads_per_worker,
