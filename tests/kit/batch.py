@@ -1,4 +1,4 @@
-"""What the batch tests share besides kernels (kit.kernels): stored inputs, a snapshot of
+"""What the batch tests share besides kernels (kit.kernels): stored inputs, snapshots of
 a folder, and ``daskgpu batch`` of the affine kernel."""
 
 import os
@@ -22,6 +22,20 @@ def tree(path) -> dict:
         for f in files:
             with open(os.path.join(root, f), "rb") as fh:
                 out[os.path.relpath(os.path.join(root, f), path)] = fh.read()
+    return out
+
+
+def data_mtimes(path) -> dict:
+    """Modification times of the data files of a zarr array at ``path``, its ledger left
+    out: which chunks a run wrote again."""
+    from daskgpu._dask.batch.ledger import LEDGER
+
+    out = {}
+    for root, dirs, files in os.walk(path):
+        dirs[:] = [d for d in dirs if d != LEDGER]
+        for f in files:
+            out[os.path.relpath(os.path.join(root, f), path)] = os.stat(
+                os.path.join(root, f)).st_mtime_ns
     return out
 
 

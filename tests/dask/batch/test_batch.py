@@ -16,14 +16,14 @@ import time
 
 import numpy as np
 import pytest
-from kit.batch import write_zarr
+from kit.batch import data_mtimes, write_zarr
 from kit.kernels import SAXPY_FILE, SAXPY_SIG, saxpy, sum_diff
 from numba import cuda
 
 import daskgpu as dg
 from daskgpu._cli.batch import load_kernel, main
 from daskgpu._dask.batch import BatchError, run_batch
-from daskgpu._dask.batch.ledger import LEDGER, done_chunks
+from daskgpu._dask.batch.ledger import done_chunks
 
 zarr = pytest.importorskip("zarr")
 from distributed import get_task_stream  # noqa: E402
@@ -54,17 +54,6 @@ def saxpy_job(tmp_path):
 def _run(job, client, **kw):
     return run_batch(saxpy, job["inputs"], job["outputs"], scalars=job["scalars"],
                      client=client, progress=False, **kw)
-
-
-def _files(path):
-    """Modification times of the data files of a zarr array, ledger excluded."""
-    out = {}
-    for root, dirs, files in os.walk(path):
-        dirs[:] = [d for d in dirs if d != LEDGER]
-        for f in files:
-            out[os.path.relpath(os.path.join(root, f), path)] = os.stat(
-                os.path.join(root, f)).st_mtime_ns
-    return out
 
 
 @contextlib.contextmanager
@@ -120,14 +109,14 @@ def test_interrupted_job_resumes_with_only_the_missing_chunks(client, saxpy_job)
     z = zarr.open_array(out, mode="r")
     np.testing.assert_array_equal(z[:160], saxpy_job["expected"][:160])
     assert not z[160:].any()  # not written yet
-    before = _files(out)
+    before = data_mtimes(out)
 
     with get_task_stream(client) as ts:
         second = _run(saxpy_job, client)
     assert second.skipped == first.computed
     assert second.computed == first.remaining  # the rest, and only the rest
     assert _launches(ts.data, "saxpy") == 6
-    after = _files(out)
+    after = data_mtimes(out)
     assert all(after[f] == t for f, t in before.items())  # finished chunks untouched
     np.testing.assert_array_equal(zarr.open_array(out, mode="r")[:], saxpy_job["expected"])
 

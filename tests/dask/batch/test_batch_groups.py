@@ -12,13 +12,13 @@ import re
 
 import numpy as np
 import pytest
-from kit.batch import write_zarr
+from kit.batch import data_mtimes, write_zarr
 from kit.kernels import saxpy, sum_diff
 from numba import cuda
 
 import daskgpu as dg
 from daskgpu._dask.batch import run_batch
-from daskgpu._dask.batch.ledger import LEDGER, done_chunks, read_marker
+from daskgpu._dask.batch.ledger import done_chunks, read_marker
 
 zarr = pytest.importorskip("zarr")
 from distributed import get_task_stream  # noqa: E402
@@ -64,16 +64,6 @@ def _markers(path):
     """Each chunk's marker without the job instance: what it was made from and stored as."""
     return {c: {k: v for k, v in read_marker(path, c).items() if k != "job"}
             for c in done_chunks(path)}
-
-
-def _mtimes(path):
-    out = {}
-    for root, dirs, files in os.walk(path):
-        dirs[:] = [d for d in dirs if d != LEDGER]
-        for f in files:
-            out[os.path.relpath(os.path.join(root, f), path)] = os.stat(
-                os.path.join(root, f)).st_mtime_ns
-    return out
 
 
 def test_grouped_batch_writes_what_one_task_a_chunk_writes_in_far_fewer_tasks(client, job):
@@ -124,14 +114,14 @@ def test_interrupted_grouped_run_resumes_with_only_the_missing_chunks(client, jo
     z = zarr.open_array(out, mode="r")
     np.testing.assert_array_equal(z[:20 * CHUNK], job["expected"][:20 * CHUNK])
     assert not z[20 * CHUNK:].any()
-    before = _mtimes(out)
+    before = data_mtimes(out)
 
     with get_task_stream(client) as ts:
         second = _run(job, client, "z.zarr", group=GROUP)
     assert second.skipped == first.computed
     assert second.computed == tuple((i,) for i in range(20, CHUNKS))  # only the rest
     assert _tasks(ts.data, "saxpy-") == 3  # the groups that held chunks left to write
-    after = _mtimes(out)
+    after = data_mtimes(out)
     assert all(after[f] == t for f, t in before.items())  # finished chunks untouched
     np.testing.assert_array_equal(zarr.open_array(out, mode="r")[:], job["expected"])
     assert done_chunks(out) == {(i,) for i in range(CHUNKS)}
@@ -168,7 +158,7 @@ def test_grouped_rerun_recomputes_stale_chunks_alone_and_keeps_none(client, job)
     damaged = z.metadata.encode_chunk_key((30,)) if hasattr(z, "metadata") else "30"
     with open(os.path.join(out, *damaged.split("/")), "r+b") as f:
         f.write(b"\x00" * 8)
-    before = _mtimes(out)
+    before = data_mtimes(out)
 
     with get_task_stream(client) as ts:
         report = _run(job, client, "z.zarr", group=GROUP)
@@ -180,7 +170,7 @@ def test_grouped_rerun_recomputes_stale_chunks_alone_and_keeps_none(client, job)
     expected = job["expected"].copy()
     expected[5 * CHUNK:6 * CHUNK] = np.float32(2) * np.arange(500, 600) + 7
     np.testing.assert_array_equal(zarr.open_array(out, mode="r")[:], expected)
-    after = _mtimes(out)
+    after = data_mtimes(out)
     rewritten = {f for f in after if after[f] != before.get(f)}
     assert len(rewritten) == 2  # the two chunks, not the rest of their groups
 
