@@ -168,22 +168,31 @@ def _store_many(directory, bound, worker, count, one, results):
     results.put((worker, worst, misses))
 
 
-@pytest.mark.slow
-def test_two_processes_storing_at_once_keep_the_bound_and_the_entry_in_use(tmp_path):
+def _storing_at_once(tmp_path, entries, processes, stores, timeout):
+    """``processes`` processes each storing ``stores`` entries into one cache bounded at
+    ``entries`` entries, which holds an entry "hot" they all load; the cache's folder,
+    its bound, one entry's size and each process's ``(worker, worst, misses)``."""
     directory = str(tmp_path / "cubins")
     one = _entry_size(tmp_path)
-    bound = 12 * one
+    bound = entries * one
     DiskCache(directory, max_bytes=bound).store("hot", CC, VERSIONS, _cubin(7))
     context = multiprocessing.get_context("spawn")
     results = context.Queue()
-    workers = [context.Process(target=_store_many, args=(directory, bound, w, 300, one, results))
-               for w in (1, 2)]
+    workers = [context.Process(target=_store_many,
+                               args=(directory, bound, w, stores, one, results))
+               for w in range(1, processes + 1)]
     for w in workers:
         w.start()
-    done = [results.get(timeout=120) for _ in workers]
+    done = [results.get(timeout=timeout) for _ in workers]
     for w in workers:
         w.join(30)
         assert w.exitcode == 0
+    return directory, bound, one, done
+
+
+@pytest.mark.slow
+def test_two_processes_storing_at_once_keep_the_bound_and_the_entry_in_use(tmp_path):
+    directory, bound, one, done = _storing_at_once(tmp_path, 12, 2, 300, timeout=120)
     for worker, worst, misses in done:
         assert worst <= bound + one, (worker, worst, bound)  # at most the other's store over
         assert misses == 0, (worker, misses)  # the entry both use was never evicted
@@ -264,20 +273,7 @@ def test_a_cache_filled_under_a_larger_bound_comes_within_this_one_on_first_load
 
 @pytest.mark.slow
 def test_four_processes_storing_at_once_never_exceed_the_bound(tmp_path):
-    directory = str(tmp_path / "cubins")
-    one = _entry_size(tmp_path)
-    bound = 6 * one
-    DiskCache(directory, max_bytes=bound).store("hot", CC, VERSIONS, _cubin(7))
-    context = multiprocessing.get_context("spawn")
-    results = context.Queue()
-    workers = [context.Process(target=_store_many, args=(directory, bound, w, 150, one, results))
-               for w in (1, 2, 3, 4)]
-    for w in workers:
-        w.start()
-    done = [results.get(timeout=300) for _ in workers]
-    for w in workers:
-        w.join(30)
-        assert w.exitcode == 0
+    directory, bound, one, done = _storing_at_once(tmp_path, 6, 4, 150, timeout=300)
     for worker, worst, _ in done:
         assert worst <= bound, (worker, worst - bound, one)  # went 3 entries over
     assert _total(DiskCache(directory, max_bytes=bound)) <= bound
