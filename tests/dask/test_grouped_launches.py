@@ -9,7 +9,7 @@ import dask
 import dask.array as da
 import numpy as np
 import pytest
-from kit.kernels import saxpy
+from kit.kernels import saxpy, smooth
 from layers import EXPRESSIONS, hlg_only
 from numba import cuda
 from numba.cuda.random import xoroshiro128p_uniform_float32
@@ -26,13 +26,6 @@ def scale(out, a, x):
     i = cuda.grid(1)
     if i < out.size:
         out[i] = a * x[i]
-
-
-@dg.jit
-def smooth(out, x):
-    i = cuda.grid(1)
-    if 1 <= i < x.size - 1:
-        out[i] = x[i - 1] + x[i] + x[i + 1]
 
 
 @dg.jit

@@ -66,3 +66,12 @@ def sum_diff(s, d, x, y):
     if i < s.shape[0] and j < s.shape[1]:
         s[i, j] = x[i, j] + y[i, j]
         d[i, j] = x[i, j] - y[i, j]
+
+
+@dg.jit
+def smooth(out, x):
+    """``out[i] = x[i - 1] + x[i] + x[i + 1]`` inside the chunk, compiled lazily: with a
+    halo (``depth=1``), a three-point stencil over the whole array."""
+    i = cuda.grid(1)
+    if 0 < i < x.size - 1:
+        out[i] = x[i - 1] + x[i] + x[i + 1]
