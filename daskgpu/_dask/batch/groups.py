@@ -52,6 +52,8 @@ class Layout:
     {(0, 0): [(0, 3)], (0, 1): [(0, 4)], (1, 2): [(1, 9)]}
     >>> layout.within((1, 9)), layout.size_of((1, 2)), layout.alone().tasks
     ((0, 1), 2, 20)
+    >>> layout.launch_of((1, 9)), layout.alone().launch_of((1, 9))
+    (((5, 800), (5, 200)), ((5, 900), (5, 100)))
     """
 
     shape: tuple
@@ -103,6 +105,15 @@ class Layout:
         """Stored chunks that task ``task`` holds."""
         return math.prod(min(k, n - t * k) for t, k, n in zip(task, self.per_task,
                                                               self.numblocks))
+
+    def launch_of(self, chunk) -> tuple:
+        """``(start, shape)`` in elements of the launch that computes stored chunk
+        ``chunk``: its task's whole block, which the kernel sees as one chunk."""
+        start = tuple(t * k * c for t, k, c in zip(self.task_of(chunk), self.per_task,
+                                                   self.chunksize))
+        shape = tuple(min(k * c, s - b) for k, c, s, b in zip(self.per_task, self.chunksize,
+                                                              self.shape, start))
+        return start, shape
 
     def alone(self) -> Layout:
         """The same job one chunk a task."""

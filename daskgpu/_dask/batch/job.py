@@ -157,6 +157,7 @@ def run_batch(kernel, inputs, outputs, *, scalars=(), order=None, chunks=None, c
     import dask.config
 
     from daskgpu import _config
+    from daskgpu._dask.cluster_facts import ClusterFacts, cluster_facts
 
     progress = as_progress(progress)
     kernel = batch_kernel(kernel)
@@ -183,12 +184,18 @@ def run_batch(kernel, inputs, outputs, *, scalars=(), order=None, chunks=None, c
                 stack.enter_context(dask.config.set({"daskgpu.simulate": bool(simulate)}))
             job = plan_job(stack, kernel, inputs, outputs, scalars, order, chunks, resume,
                            _simulated(client, simulate))
-            job = _verified(job, client, group)
-            if job.todo and max_chunks != 0 and client is None:
+            job, launches = _verified(job, client, group)
+            if client is None and max_chunks != 0 and (job.todo or _launched_elsewhere(
+                    job, launches, _layout(job, group, ClusterFacts()))):
                 client = local_client(stack, devices, simulate)
             if client is not None:
                 stack.enter_context(client.as_current())  # map_kernel asks it for GPUs
-            return _execute(job, client, retries, progress, max_chunks, group)
+            # The one layout of the run: the chunks are written in it, and a done chunk
+            # that an earlier run launched over another region is stale.
+            layout = _layout(job, group, cluster_facts() if client is not None
+                             else ClusterFacts())
+            job = _relaid(job, launches, layout)
+            return _execute(job, client, retries, progress, max_chunks, layout)
     except Exception:
         if given is not None:
             _check_connected(given)  # a lost scheduler, whatever the call that noticed
@@ -293,13 +300,16 @@ def _simulated(client, simulate) -> bool:
     return backends.current().simulated or not backends.GPU.devices().names
 
 
-def _verified(job, client, group=None) -> PlannedJob:
-    """``job`` with only the recorded chunks that still hold as done, in grid order.
+def _verified(job, client, group=None) -> tuple:
+    """``job`` with only the recorded chunks that still hold as done, in grid order, and
+    ``{chunk: (start, shape)}``: the region of the launch that computed each of them.
 
     Checked on ``client``, or, without one, in this process, so that a
     rerun with nothing left to compute starts no cluster. The check reads
     the inputs in groups of chunks as the writes do (``group``), sized
-    without the workers' GPU memory: it launches nothing.
+    without the workers' GPU memory: it launches nothing. Whether each
+    chunk's launch is the one this run would make is :func:`_relaid`'s to
+    say, once the run's layout is known.
     """
     import dask.array as da
     from dask.threaded import get as threaded_get
@@ -307,25 +317,48 @@ def _verified(job, client, group=None) -> PlannedJob:
     from daskgpu._dask.cluster_facts import ClusterFacts
 
     if not job.done:
-        return job
+        return job, {}
     layout = _layout(job, group, ClusterFacts())
     check = da.map_blocks(ChunkCheck(job.outputs, job.nonces, job.chunksize, layout.per_task),
                           *job.read_in(layout), name=f"batch-check-{secrets.token_hex(8)}",
                           chunks=layout.block_chunks(),
-                          meta=np.empty((0,) * layout.ndim, np.bool_))
+                          meta=np.empty((0,) * layout.ndim, object))
     members = layout.members(sorted(job.done))
     keys = [(check.name, *t) for t in members]
     graph = check.__dask_graph__()
     results = client.get(graph, keys) if client is not None else threaded_get(dict(graph),
                                                                                 keys)
-    good = set()
-    for chunks, holds in zip(members.values(), results):
-        good.update(c for c in chunks if holds[layout.within(c)])
-    stale = tuple(c for c in sorted(job.done) if c not in good)
-    for chunk in stale:  # computed again; a crash before then must not trust them
+    launches = {}
+    for chunks, found in zip(members.values(), results):
+        launches.update((c, found[layout.within(c)]) for c in chunks
+                        if found[layout.within(c)] is not None)
+    return _stale(job, [c for c in sorted(job.done) if c not in launches]), launches
+
+
+def _launched_elsewhere(job, launches, layout) -> list:
+    """The done chunks of ``job`` whose recorded launch (``launches``) is not the one
+    ``layout`` makes for them, in grid order.
+
+    A kernel sees its launch as one chunk: one whose result depends on where
+    that begins or ends (chunk-local indices) computes such a chunk otherwise.
+    """
+    return [c for c in sorted(job.done) if launches[c] != layout.launch_of(c)]
+
+
+def _relaid(job, launches, layout) -> PlannedJob:
+    """``job`` with the done chunks launched otherwise than ``layout`` launches them stale."""
+    return _stale(job, _launched_elsewhere(job, launches, layout))
+
+
+def _stale(job, chunks) -> PlannedJob:
+    """``job`` with ``chunks``, done until now, to be computed again."""
+    if not chunks:
+        return job
+    for chunk in chunks:  # computed again; a crash before then must not trust them
         for path in job.outputs:
             _ledger.forget(path, chunk)
-    return dataclasses.replace(job, done=frozenset(good), stale=stale)
+    return dataclasses.replace(job, done=job.done - frozenset(chunks),
+                               stale=tuple(sorted({*job.stale, *chunks})))
 
 
 def _layout(job, group, cluster) -> Layout:
@@ -366,19 +399,17 @@ def _write_tasks(job, layout, mask=None):
 
 
 # -- executing ------------------------------------------------------------------
-def _execute(job, client, retries, progress, max_chunks, group) -> BatchReport:
-    """Compute the chunks left, telling ``progress`` of each; the report."""
+def _execute(job, client, retries, progress, max_chunks, layout) -> BatchReport:
+    """Compute the chunks left in ``layout``, telling ``progress`` of each; the report."""
     from distributed import as_completed
-
-    from daskgpu._dask.cluster_facts import cluster_facts
 
     start = time.perf_counter()
     grid = job.grid
     skipped = tuple(c for c in grid if c in job.done)
     todo = job.todo
     now, later = (todo, []) if max_chunks is None else (todo[:max_chunks], todo[max_chunks:])
-    layout = _layout(job, group, cluster_facts()) if now else None
-    progress.start(_plan(job, client, len(skipped), len(now), len(later), layout))
+    progress.start(_plan(job, client, len(skipped), len(now), len(later),
+                         layout if now else None))
     computed, failed = [], {}
     futures, members = [], {}
     report = None

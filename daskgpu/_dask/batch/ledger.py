@@ -7,7 +7,10 @@ and one marker file per finished chunk, named by its block index (``3`` or
 of what was stored: the sha256 of each input block read and of the output's
 stored chunk file. A rerun trusts a marker only while both still match, so a
 chunk whose input changed, or whose stored data went missing or was damaged,
-is computed again. Every file is written whole or not at all (a synced
+is computed again. A marker also records the region of the launch that
+computed its chunk (:func:`launch`): a kernel sees a group of chunks launched
+together as one chunk, so a rerun that would launch the chunk over another
+region computes it again too. Every file is written whole or not at all (a synced
 temporary file, renamed, then the directory synced), so a marker exists only
 for a chunk whose data is on disk. ``job.json`` and every marker carry the job
 instance's nonce, drawn when the output was created: a marker with another
@@ -28,8 +31,8 @@ from daskgpu._errors import LedgerError
 from daskgpu._files import at_once, atomic_write, fsync
 
 __all__ = ["INSTANCE_KEYS", "JOB", "LEDGER", "LedgerError", "block_digest", "done_chunks",
-           "file_digest", "forget", "job_differences", "read_job", "read_marker", "record",
-           "record_all", "remove_temporaries", "start", "tidy"]
+           "file_digest", "forget", "job_differences", "launch", "read_job", "read_marker",
+           "record", "record_all", "remove_temporaries", "start", "tidy"]
 
 #: The ledger directory inside each output zarr array.
 LEDGER = ".daskgpu-done"
@@ -138,6 +141,34 @@ def read_marker(path, block_id):
     return marker if isinstance(marker, dict) else None
 
 
+def launch(marker, alone):
+    """The region of the launch that computed a marker's chunk, ``(start, shape)`` in
+    elements as tuples; ``alone``, the chunk's own region, for a marker that records none
+    (written by a daskgpu that launched every chunk alone); None for one that records it
+    unreadably (edited by hand), whose chunk is then computed again.
+
+    Examples
+    --------
+    >>> launch({"launch": {"start": [0], "shape": [300]}}, ((100,), (100,)))
+    ((0,), (300,))
+    >>> launch({"inputs": [], "output": "..."}, ((100,), (100,)))
+    ((100,), (100,))
+    >>> launch({"launch": {"start": [0]}}, ((100,), (100,))) is None
+    True
+    """
+    if "launch" not in marker:
+        return alone
+    region = marker["launch"]
+    if not isinstance(region, dict):
+        return None
+    start, shape = region.get("start"), region.get("shape")
+    ndim = len(alone[0])
+    if not all(isinstance(v, list) and len(v) == ndim and all(
+            isinstance(i, int) and not isinstance(i, bool) for i in v) for v in (start, shape)):
+        return None
+    return tuple(start), tuple(shape)
+
+
 def forget(path, block_id) -> None:
     """Remove chunk ``block_id``'s marker from output ``path``: it is to be computed again."""
     try:
@@ -168,19 +199,20 @@ def start(path, job: dict) -> None:
     fsync(path)
 
 
-def record(path, block_id, inputs, output, nonce) -> None:
+def record(path, block_id, inputs, output, nonce, launch) -> None:
     """Mark chunk ``block_id`` of output ``path`` finished, with its fingerprints.
 
     ``inputs`` are the digests of the input blocks the chunk was computed
     from, ``output`` the digest of the stored chunk file, ``nonce`` the job
-    instance's (from ``job.json``).
+    instance's (from ``job.json``), ``launch`` the region the launch that
+    computed it covered, ``(start, shape)`` in elements (see :func:`launch`).
     """
-    record_all(path, [(block_id, inputs, output)], nonce)
+    record_all(path, [(block_id, inputs, output, launch)], nonce)
 
 
 def record_all(path, records, nonce) -> None:
     """Mark several chunks of output ``path`` finished: ``records`` of ``(block_id, inputs,
-    output)``, as :func:`record` takes them.
+    output, launch)``, as :func:`record` takes them.
 
     Each marker is written whole or not at all, several at once; the ledger
     directory is synced once, after the last, so that a group of chunks costs
@@ -189,8 +221,10 @@ def record_all(path, records, nonce) -> None:
     ledger = os.path.join(path, LEDGER)
 
     def write(record):
-        block_id, inputs, output = record
-        marker = json.dumps({"job": nonce, "inputs": list(inputs), "output": output}).encode()
+        block_id, inputs, output, (start, shape) = record
+        marker = json.dumps({"job": nonce, "inputs": list(inputs), "output": output,
+                             "launch": {"start": [int(i) for i in start],
+                                        "shape": [int(n) for n in shape]}}).encode()
         atomic_write(os.path.join(ledger, marker_name(block_id)), marker, sync_folder=False)
 
     at_once(write, records)

@@ -5,8 +5,9 @@ hidden sibling, then renamed) and written by :class:`ChunkWriter`, one task
 per stored chunk or per group of them (:mod:`daskgpu._dask.batch.groups`),
 which records each chunk in the output's ledger
 (:mod:`daskgpu._dask.batch.ledger`) with the fingerprints of its input blocks
-and stored data and the job instance's nonce; :class:`ChunkCheck` tells a
-rerun which recorded chunks still hold. Only a zarr array that a batch job
+and stored data, the region of its launch and the job instance's nonce;
+:class:`ChunkCheck` tells a rerun which recorded chunks still hold, and where
+each was launched. Only a zarr array that a batch job
 created (it has a ledger) is ever replaced. :mod:`daskgpu._dask.batch.job`
 plans and runs the job.
 """
@@ -315,7 +316,8 @@ class ChunkWriter:
     holds ``per_task`` stored chunks along each axis (fewer at the far
     edges): one, unless the job's launches are grouped
     (:mod:`~daskgpu._dask.batch.groups`). Each chunk is recorded on its own,
-    once its data is on disk in every output. ``nonces`` are the job
+    once its data is on disk in every output, with the block's region as the
+    launch that computed it. ``nonces`` are the job
     instance's, one per output: an output recreated since by another job
     (another nonce in its ``job.json``) is not written. Returns which of the
     block's chunks it wrote.
@@ -370,8 +372,10 @@ class ChunkWriter:
         # Only now, with the data on disk in every output, is each chunk finished.
         inputs = [[_ledger.block_digest(b[_piece(ix, self.chunksize, b.shape)]) for b in ins]
                   for ix in local]
+        launch = (start, outs[0].shape)  # the block is what the kernel saw as its chunk
         for path, nonce in zip(self.paths, self.nonces):
-            _ledger.record_all(path, [(_plus(first, ix), digests, output) for ix, digests, output
+            _ledger.record_all(path, [(_plus(first, ix), digests, output, launch)
+                                      for ix, digests, output
                                       in zip(local, inputs, stored[path])], nonce)
         return wanted
 
@@ -401,13 +405,18 @@ def _check_owner(path, nonce, block_id) -> None:
 
 
 class ChunkCheck:
-    """The check task of a rerun: whether an earlier run's chunks still hold.
+    """The check task of a rerun: whether an earlier run's chunks still hold, and the
+    launch each was computed in.
 
     Called with a task's input blocks (``per_task`` stored chunks along each
-    axis, as :class:`ChunkWriter` has them); for each stored chunk, True when
-    every output's marker was written by this job instance (its nonce) and
-    records the fingerprints of these input blocks and of the chunk file as it
-    is stored now.
+    axis, as :class:`ChunkWriter` has them); returns, for each stored chunk, an
+    object array of what its markers say: None unless every output's marker
+    was written by this job instance (its nonce) and records the fingerprints
+    of these input blocks and of the chunk file as it is stored now; else the
+    region of the launch that computed it, ``(start, shape)`` in elements
+    (:func:`~daskgpu._dask.batch.ledger.launch`), the same in every output.
+    Whether that launch is the one a rerun would make is for the caller, who
+    knows the layout it runs.
     """
 
     __slots__ = ("paths", "nonces", "chunksize", "per_task")
@@ -424,18 +433,25 @@ class ChunkCheck:
         chunksize = self.chunksize or ins[0].shape  # one chunk a block
         per_task = self.per_task or (1,) * len(block_id)
         first = tuple(b * k for b, k in zip(block_id, per_task))
-        holds = np.zeros(_block_chunks(ins[0].shape, chunksize), np.bool_)
-        for ix in np.ndindex(*holds.shape):
+        launches = np.empty(_block_chunks(ins[0].shape, chunksize), object)
+        for ix in np.ndindex(*launches.shape):
             piece = _piece(ix, chunksize, ins[0].shape)
             inputs = [_ledger.block_digest(b[piece]) for b in ins]
-            holds[ix] = all(self._holds(path, nonce, _plus(first, ix), inputs)
-                            for path, nonce in zip(self.paths, self.nonces))
-        return holds
+            chunk = _plus(first, ix)
+            alone = (tuple(i * c for i, c in zip(chunk, chunksize)),
+                     tuple(p.stop - p.start for p in piece))
+            found = {self._launch(path, nonce, chunk, inputs, alone)
+                     for path, nonce in zip(self.paths, self.nonces)}
+            launches[ix] = found.pop() if len(found) == 1 else None
+        return launches
 
     @staticmethod
-    def _holds(path, nonce, block_id, inputs) -> bool:
+    def _launch(path, nonce, block_id, inputs, alone):
+        """The launch recorded in ``path``'s marker of ``block_id``; None unless it holds."""
         marker = _ledger.read_marker(path, block_id)
         if not marker or marker.get("job") != nonce or marker.get("inputs") != inputs:
-            return False
+            return None
         stored = _ledger.file_digest(_chunk_file(_open_output(path, "r"), path, block_id))
-        return stored is not None and stored == marker.get("output")
+        if stored is None or stored != marker.get("output"):
+            return None
+        return _ledger.launch(marker, alone)

@@ -61,8 +61,15 @@ def _tasks(task_stream, prefix):
 
 
 def _markers(path):
-    """Each chunk's marker without the job instance: what it was made from and stored as."""
-    return {c: {k: v for k, v in read_marker(path, c).items() if k != "job"}
+    """Each chunk's marker without the job instance and the launch it was computed in:
+    what it was made from and stored as."""
+    return {c: {k: v for k, v in read_marker(path, c).items() if k not in ("job", "launch")}
+            for c in done_chunks(path)}
+
+
+def _launches(path):
+    """Each chunk's recorded launch, ``(start, shape)`` in elements."""
+    return {c: tuple(tuple(read_marker(path, c)["launch"][k]) for k in ("start", "shape"))
             for c in done_chunks(path)}
 
 
@@ -88,6 +95,13 @@ def test_grouped_batch_writes_what_one_task_a_chunk_writes_in_far_fewer_tasks(cl
     # blocks and its stored file as a run of one task a chunk records.
     assert _markers(str(job["tmp"] / "grouped.zarr")) == _markers(str(job["tmp"] / "apart.zarr"))
     assert len(_markers(str(job["tmp"] / "grouped.zarr"))) == CHUNKS
+    # Each records the launch that computed it: its group's region, or its own.
+    group = PER_TASK * CHUNK
+    assert _launches(str(job["tmp"] / "grouped.zarr")) == {
+        (i,): ((i // PER_TASK * group,), (min(group, (CHUNKS * CHUNK) - i // PER_TASK * group),))
+        for i in range(CHUNKS)}
+    assert _launches(str(job["tmp"] / "apart.zarr")) == {
+        (i,): ((i * CHUNK,), (CHUNK,)) for i in range(CHUNKS)}
 
 
 @pytest.mark.grouped
@@ -201,7 +215,10 @@ def test_a_failing_group_loses_only_its_failing_chunk(client, tmp_path):
     zarr.open_array(inputs[1], mode="r+")[...] = shift  # repair the input
     fixed = run_batch(shifted, inputs, [out], order="out,in,in", client=client,
                       progress=False, group=group)
-    assert fixed.computed == ((17,),) and fixed.complete
+    # The group's other chunks were launched alone: they are launched with 17, as a group.
+    again = tuple((i,) for i in range(PER_TASK, 2 * PER_TASK))
+    assert fixed.computed == again and fixed.complete
+    assert fixed.stale == tuple(c for c in again if c != (17,))
     np.testing.assert_array_equal(zarr.open_array(out, mode="r")[:], x)
 
 
