@@ -50,3 +50,26 @@ def affine_cli(tmp_path, inputs, output, *extra) -> int:
     for p in inputs:
         argv += ["--input", str(p)]
     return main(argv + ["--output", str(output), *extra])
+
+
+def batch_without_a_cluster(argv):
+    """``daskgpu batch argv`` in a subprocess where starting a ``LocalGPUCluster`` exits
+    at once with "a cluster was started" (status 1): whether a run needed one. The
+    completed process, its output as text."""
+    import subprocess
+    import sys
+    import textwrap
+
+    script = textwrap.dedent(f"""
+        import sys
+        from daskgpu._dask import cluster
+
+        def refuse(*args, **kwargs):
+            raise SystemExit("a cluster was started")
+
+        cluster.LocalGPUCluster.__init__ = refuse
+        from daskgpu._cli.batch import main
+        sys.exit(main({list(argv)!r}))
+    """)
+    return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=120)

@@ -7,18 +7,19 @@ one chunk a launch (``daskgpu.launch-bytes: 0``); here each run names its groupi
 
 from __future__ import annotations
 
+import json
 import os
 import re
 
 import numpy as np
 import pytest
-from kit.batch import data_mtimes, write_zarr
-from kit.kernels import saxpy, sum_diff
+from kit.batch import batch_without_a_cluster, data_mtimes, write_zarr
+from kit.kernels import SAXPY_FILE, SAXPY_SIG, saxpy, sum_diff
 from numba import cuda
 
 import daskgpu as dg
 from daskgpu._dask.batch import run_batch
-from daskgpu._dask.batch.ledger import done_chunks, read_marker
+from daskgpu._dask.batch.ledger import LEDGER, done_chunks, marker_name, read_marker
 
 zarr = pytest.importorskip("zarr")
 from distributed import get_task_stream  # noqa: E402
@@ -37,6 +38,15 @@ def shifted(out, x, shift):
     i = cuda.grid(1)
     if i < out.size:
         out[i] = x[i + shift[i]]
+
+
+@dg.jit
+def indexed(out, x):
+    """``out[i] = x[i] + i``, ``i`` counted from where the launch begins: a chunk launched
+    in a group gets other values than one launched alone."""
+    i = cuda.grid(1)
+    if i < out.size:
+        out[i] = x[i] + i
 
 
 @pytest.fixture
@@ -223,8 +233,6 @@ def test_a_failing_group_loses_only_its_failing_chunk(client, tmp_path):
 
 
 def test_cli_group_and_no_group(client, job, capsys):
-    from kit.kernels import SAXPY_FILE, SAXPY_SIG
-
     from daskgpu._cli.batch import main
 
     kernel = job["tmp"] / "groupkern.py"
@@ -250,3 +258,82 @@ def test_group_takes_a_size_or_a_switch():
     with pytest.raises(BatchError, match=r"group='lots': .*give True or None \(the "
                                          r"daskgpu.launch-bytes setting\), False"):
         run_batch(saxpy, ["x.zarr"], ["z.zarr"], group="lots", progress=False)
+
+
+# -- resuming in another layout -----------------------------------------------------
+def _indexed(job, client, out, **kw):
+    """:func:`indexed` over x into ``out`` (in the job's folder); the report."""
+    return run_batch(indexed, job["inputs"][:1], [(str(job["tmp"] / out), np.float32)],
+                     client=client, **{"progress": False, **kw})
+
+
+def _read(job, out):
+    return zarr.open_array(str(job["tmp"] / out), mode="r")[:]
+
+
+@pytest.mark.parametrize("first, then", [(GROUP, False), (False, GROUP), (GROUP, "8KiB")])
+def test_a_job_resumed_in_another_layout_computes_every_chunk_again(client, job, capsys,
+                                                                    first, then):
+    assert _indexed(job, client, "z.zarr", group=first).complete
+    assert _indexed(job, client, "fresh.zarr", group=then).complete
+    assert not np.array_equal(_read(job, "z.zarr"), _read(job, "fresh.zarr"))  # it tells
+
+    resumed = _indexed(job, client, "z.zarr", group=then, progress="lines")
+    every = tuple((i,) for i in range(CHUNKS))
+    assert resumed.computed == resumed.stale == every and not resumed.skipped
+    assert f"0 already written, {CHUNKS} to compute ({CHUNKS} stale)" in capsys.readouterr().err
+    assert "stale" in resumed.summary()
+    np.testing.assert_array_equal(_read(job, "z.zarr"), _read(job, "fresh.zarr"))
+    out, fresh = (str(job["tmp"] / n) for n in ("z.zarr", "fresh.zarr"))
+    assert _launches(out) == _launches(fresh) and len(_launches(out)) == CHUNKS
+
+
+@pytest.mark.parametrize("group", [GROUP, False])
+def test_a_job_resumed_with_its_own_layout_computes_nothing_again(client, job, capsys, group):
+    assert _indexed(job, client, "z.zarr", group=group).complete
+    out = str(job["tmp"] / "z.zarr")
+    before, result = data_mtimes(out), _read(job, "z.zarr")
+
+    again = _indexed(job, client, "z.zarr", group=group, progress="lines")
+    assert not again.computed and not again.stale
+    assert again.skipped == tuple((i,) for i in range(CHUNKS)) and again.complete
+    assert f"{CHUNKS} already written, 0 to compute" in capsys.readouterr().err
+    assert data_mtimes(out) == before
+    np.testing.assert_array_equal(_read(job, "z.zarr"), result)
+
+
+def test_a_marker_without_its_launch_counts_as_its_chunk_launched_alone(client, job):
+    # As a daskgpu that recorded no launch wrote it.
+    assert _indexed(job, client, "z.zarr", group=False).complete
+    out = str(job["tmp"] / "z.zarr")
+    for chunk in done_chunks(out):
+        marker = read_marker(out, chunk)
+        del marker["launch"]
+        with open(os.path.join(out, LEDGER, marker_name(chunk)), "w") as f:
+            json.dump(marker, f)
+
+    kept = _indexed(job, client, "z.zarr", group=False)
+    assert not kept.computed and len(kept.skipped) == CHUNKS
+    grouped = _indexed(job, client, "z.zarr", group=GROUP)
+    assert grouped.computed == grouped.stale == tuple((i,) for i in range(CHUNKS))
+    assert _indexed(job, client, "fresh.zarr", group=GROUP).complete
+    np.testing.assert_array_equal(_read(job, "z.zarr"), _read(job, "fresh.zarr"))
+
+
+def test_a_rerun_in_its_own_layout_starts_no_cluster_and_one_in_another_does(client, job):
+    from daskgpu._cli.batch import main
+
+    kernel = job["tmp"] / "layoutkern.py"
+    kernel.write_text(SAXPY_FILE)
+    argv = [f"{kernel}:saxpy", "--sig", SAXPY_SIG, "--scalar", "2.0", "--no-progress",
+            "--simulate", "--output", str(job["tmp"] / "z.zarr")]
+    for p in job["inputs"]:
+        argv += ["--input", p]
+    assert main([*argv, "--group", GROUP, "--scheduler", client.scheduler.address]) == 0
+
+    proc = batch_without_a_cluster([*argv, "--group", GROUP])
+    assert proc.returncode == 0, proc.stderr
+    assert f"{CHUNKS}/{CHUNKS} chunks written (0 this run, {CHUNKS} before)" in proc.stdout
+    # Every chunk is done, but in groups: one task a chunk computes them again.
+    proc = batch_without_a_cluster([*argv, "--no-group"])
+    assert proc.returncode == 1 and "a cluster was started" in proc.stderr

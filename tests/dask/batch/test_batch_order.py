@@ -12,11 +12,11 @@ import os
 import signal
 import subprocess
 import sys
-import textwrap
 import time
 
 import numpy as np
 import pytest
+from kit.batch import batch_without_a_cluster
 
 import daskgpu as dg
 from daskgpu._cli.batch import main
@@ -101,25 +101,12 @@ def test_a_wrong_order_exits_2_in_one_line(data, capsys, order, message):
 def test_a_rerun_with_nothing_left_starts_no_cluster(client, data):
     argv = _argv(data, "scale_last", "--order", "out,in,scalar", "--simulate")
     assert main([*argv, "--scheduler", client.scheduler.address]) == 0
-    script = textwrap.dedent(f"""
-        import sys
-        from daskgpu._dask import cluster
-
-        def refuse(*args, **kwargs):
-            raise SystemExit("a cluster was started")
-
-        cluster.LocalGPUCluster.__init__ = refuse
-        from daskgpu._cli.batch import main
-        sys.exit(main({argv!r}))
-    """)
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                          timeout=120)
+    proc = batch_without_a_cluster(argv)
     assert proc.returncode == 0, proc.stderr
     assert "10/10 chunks written (0 this run, 10 before)" in proc.stdout
 
     zarr.open_array(data["input"], mode="r+")[5] = -1  # now one chunk is stale
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                          timeout=120)
+    proc = batch_without_a_cluster(argv)
     assert proc.returncode == 1 and "a cluster was started" in proc.stderr
 
 
