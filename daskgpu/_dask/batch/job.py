@@ -7,12 +7,13 @@ one chunk or, where the chunks are small, a group of neighbouring ones
 output it records the chunk in each output's ledger, the
 directory ``.daskgpu-done`` inside the zarr array: one marker file per
 finished chunk, created by an atomic rename, plus ``job.json``, which says
-what job the chunks belong to. A marker holds the job instance's nonce and
-the fingerprints of the input blocks the chunk was computed from and of the
-chunk as stored. A rerun of the same job keeps only the chunks whose marker
-still matches all three, so an interrupted job loses no finished chunk, and a
-chunk whose input changed, whose stored data went missing or was damaged, or
-that another job instance wrote, is computed again. One run at a time writes
+what job the chunks belong to. A marker holds the job instance's nonce, the
+fingerprints of the input blocks the chunk was computed from and of the chunk
+as stored, and the region of the launch that computed it. A rerun of the same
+job keeps only the chunks whose marker still matches all four, so an
+interrupted job loses no finished chunk, and a chunk whose input changed,
+whose stored data went missing or was damaged, that another job instance
+wrote, or that the rerun would launch in another group, is computed again. One run at a time writes
 an output (:mod:`daskgpu._dask.batch.lock`); an output never overlaps an
 input. Failed chunks are retried, then reported; the others are still
 written. Workers need zarr and must see the paths of the inputs and outputs.
@@ -61,8 +62,9 @@ def run_batch(kernel, inputs, outputs, *, scalars=(), order=None, chunks=None, c
     finished chunk is recorded in the outputs' ledgers with the fingerprints
     of its input blocks and its stored data, so running the same job again
     computes only the chunks that are missing (after an interruption, a
-    failure, or ``max_chunks``) or stale (an input changed, or the stored
-    chunk is missing or damaged). One run at a time may write an output.
+    failure, or ``max_chunks``) or stale (an input changed, the stored chunk
+    is missing or damaged, or it was launched in another group than this run
+    launches it in: see ``group``). One run at a time may write an output.
 
     Parameters
     ----------
@@ -122,10 +124,14 @@ def run_batch(kernel, inputs, outputs, *, scalars=(), order=None, chunks=None, c
         and writes and records every chunk of it, each on its own in the
         ledger, so resuming still goes chunk by chunk. The kernel then sees
         the group as one chunk: a kernel whose result depends on where the
-        chunks begin (chunk-local indices) needs ``group=False``. A group
-        that fails is run again one task a chunk, so that only its failing
-        chunks fail. None or True: the setting; False: one task a chunk; a
-        size (bytes, or a string such as ``"64 MiB"``): that target.
+        chunks begin (chunk-local indices) needs ``group=False``. A chunk's
+        record names the launch it was computed in, and a resumed job
+        computes again each chunk that it would launch otherwise (resumed
+        with another ``group``). A group that fails is run again one task a
+        chunk, so that only its failing chunks fail (a later run launches
+        them as their group again). None or True: the setting; False: one
+        task a chunk; a size (bytes, or a string such as ``"64 MiB"``): that
+        target.
 
     Returns
     -------

@@ -34,8 +34,10 @@ class BatchReport:
     seconds : float
         Wall time spent computing chunks.
     stale : tuple
-        Chunks an earlier run had written whose inputs changed since, or
-        whose stored data was missing or damaged: computed again (or to be).
+        Chunks an earlier run had written whose inputs changed since, whose
+        stored data was missing or damaged, or that were launched over another
+        region than this run launches them in (grouped otherwise): computed
+        again (or to be).
 
     Examples
     --------
@@ -75,8 +77,8 @@ class BatchReport:
         if self.stale:
             were = "was" if len(self.stale) == 1 else "were"
             lines.append(f"  {plural(len(self.stale), 'chunk')} written before {were} stale "
-                         "(an input changed, or the stored chunk was missing or damaged): "
-                         "computed again")
+                         "(an input changed, the stored chunk was missing or damaged, or it "
+                         "was launched in another grouping): computed again")
         attempts = plural(self.retries + 1, "attempt")
         for chunk, error in sorted(self.failed.items()):
             lines.append(f"  chunk {chunk} failed after {attempts}: {error}")
