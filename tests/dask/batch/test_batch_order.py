@@ -99,7 +99,9 @@ def test_a_wrong_order_exits_2_in_one_line(data, capsys, order, message):
 
 # -- nothing left to compute: no cluster ------------------------------------------------
 def test_a_rerun_with_nothing_left_starts_no_cluster(client, data):
-    argv = _argv(data, "scale_last", "--order", "out,in,scalar", "--simulate")
+    # One grouping for both runs: this process maps one chunk a launch, the subprocess
+    # would group them by default, and a chunk launched otherwise is computed again.
+    argv = _argv(data, "scale_last", "--order", "out,in,scalar", "--simulate", "--no-group")
     assert main([*argv, "--scheduler", client.scheduler.address]) == 0
     proc = batch_without_a_cluster(argv)
     assert proc.returncode == 0, proc.stderr
