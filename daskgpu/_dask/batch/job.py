@@ -13,10 +13,11 @@ as stored, and the region of the launch that computed it. A rerun of the same
 job keeps only the chunks whose marker still matches all four, so an
 interrupted job loses no finished chunk, and a chunk whose input changed,
 whose stored data went missing or was damaged, that another job instance
-wrote, or that the rerun would launch in another group, is computed again. One run at a time writes
-an output (:mod:`daskgpu._dask.batch.lock`); an output never overlaps an
-input. Failed chunks are retried, then reported; the others are still
-written. Workers need zarr and must see the paths of the inputs and outputs.
+wrote, or that the rerun would launch in another group, is computed again.
+One run at a time writes an output (:mod:`daskgpu._dask.batch.lock`); an
+output never overlaps an input. Failed chunks are retried, then reported; the
+others are still written. Workers need zarr and must see the paths of the
+inputs and outputs.
 
 The job is planned (:mod:`daskgpu._dask.batch.plan`) and the chunks already
 written are checked before any cluster starts: a rerun with nothing left to
@@ -191,6 +192,9 @@ def run_batch(kernel, inputs, outputs, *, scalars=(), order=None, chunks=None, c
             job = plan_job(stack, kernel, inputs, outputs, scalars, order, chunks, resume,
                            _simulated(client, simulate))
             job, launches = _verified(job, client, group)
+            # A local cluster starts only for chunks to compute. Before it exists, the
+            # layout is the settings' own (no worker's GPU memory caps the groups): done
+            # chunks all launched in it need none. Once one runs, its layout decides.
             if client is None and max_chunks != 0 and (job.todo or _launched_elsewhere(
                     job, launches, _layout(job, group, ClusterFacts()))):
                 client = local_client(stack, devices, simulate)
