@@ -335,7 +335,7 @@ def _verified(job, client, group=None) -> tuple:
                           meta=np.empty((0,) * layout.ndim, object))
     members = layout.members(sorted(job.done))
     keys = [(check.name, *t) for t in members]
-    graph = check.__dask_graph__()
+    graph = _needed(check, keys)
     results = client.get(graph, keys) if client is not None else threaded_get(dict(graph),
                                                                                 keys)
     launches = {}
@@ -468,7 +468,24 @@ def _submit(job, client, layout, chunks, retries, members) -> list:
     keys = [(status.name, *t) for t in tasks]
     members.update(zip(keys, tasks.values()))
     # Dask retries a failing task (the read, the launch or the write) itself.
-    return client.get(status.__dask_graph__(), keys, sync=False, retries=retries)
+    return client.get(_needed(status, keys), keys, sync=False, retries=retries)
+
+
+def _needed(array, keys):
+    """The part of ``array``'s graph that ``keys`` need.
+
+    A job resumed or limited by ``max_chunks`` asks for a few of its tasks:
+    sending the whole graph would have the scheduler take in every chunk's
+    tasks only to cull them (at 20,000 chunks, three quarters of the time of
+    writing 100). A HighLevelGraph culls layer by layer without building the
+    tasks; array expressions give a dict of tasks.
+    """
+    from dask.optimization import cull
+
+    graph = array.__dask_graph__()
+    if hasattr(graph, "cull"):
+        return graph.cull(set(keys))
+    return cull(graph, keys)[0]
 
 
 def _plan(job, client, skipped, now, later, layout) -> BatchStart:

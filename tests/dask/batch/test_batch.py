@@ -366,3 +366,16 @@ def test_a_kernel_that_fails_typing_gets_the_reason_and_order_advice_where_it_he
     message = str(err.value)
     assert "compiling it for them failed: No implementation of function" in message, message
     assert "--order" not in message  # three float32 arrays: every order is the same call
+
+
+def test_a_few_tasks_of_a_large_job_take_only_their_own_graph_to_the_scheduler():
+    import dask.array as da
+
+    from daskgpu._dask.batch.job import _needed
+
+    x = da.from_array(np.arange(20_000.0), chunks=1)
+    status = da.map_blocks(np.negative, x + 1)
+    keys = [(status.name, 3), (status.name, 19_999)]
+    whole, needed = dict(status.__dask_graph__()), dict(_needed(status, keys))
+    assert len(whole) > 40_000  # a read, an add and the map for every chunk
+    assert set(keys) <= set(needed) and len(needed) <= 8, sorted(map(str, needed))
