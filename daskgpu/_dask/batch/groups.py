@@ -11,8 +11,8 @@ kernel once over it, and stores every chunk of it in every output, recording
 each chunk in the ledger on its own, so that a resumed job still goes chunk by
 chunk, with the region of its launch (:meth:`Layout.launch_of`): a kernel sees
 the group as one chunk, so a resumed job computes again each chunk it would
-launch over another region. A :class:`Layout` says how many stored chunks a task holds along each
-axis; with grouping off, one.
+launch over another region. A :class:`Layout` says how many stored chunks a
+task holds along each axis; with grouping off, one.
 """
 
 from __future__ import annotations
