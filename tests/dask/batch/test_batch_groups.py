@@ -173,7 +173,7 @@ def test_a_2d_job_stopped_inside_a_group_resumes_as_one_task_a_chunk_does(client
     assert markers["24KiB"] == markers[False] and len(markers[False]) == 11 * 7
 
 
-def test_grouped_rerun_recomputes_stale_chunks_alone_and_keeps_none(client, job):
+def test_grouped_rerun_writes_only_its_stale_chunks_and_keeps_none(client, job):
     out = str(job["tmp"] / "z.zarr")
     assert _run(job, client, "z.zarr", group=GROUP).complete
     # An input chunk changes, and a stored chunk of another group is damaged.
