@@ -325,3 +325,22 @@ def test_simulating_without_a_gpu_says_so_in_one_short_line():
     assert len(lines) == 1 and len(lines[0]) <= 120, proc.stderr
     assert "simulated workers" in lines[0] and "DynamicLibNotFoundError" not in lines[0]
     assert ".." not in lines[0]
+
+
+@pytest.mark.slow
+def test_a_map_built_before_a_simulated_cluster_fails_naming_the_order():
+    import dask.array as da
+    import numpy as np
+    from kit.kernels import affine
+
+    x = da.arange(8.0, chunks=4)
+    with dask.config.set({"daskgpu.simulate": False}):  # no cluster yet: PTX only
+        y = dg.map_kernel(affine, dg.Out(np.float64, like=x), 2.0, x)
+    with dg.LocalGPUCluster(processes=False, simulate=True, dashboard_address=None) as c, \
+            Client(c) as client:
+        with pytest.raises(dg.DeviceError, match=r"shipped PTX only.*map_kernel built .*"
+                                                 r"before a simulated LocalGPUCluster"):
+            client.compute(y).result(timeout=60)
+        z = dg.map_kernel(affine, dg.Out(np.float64, like=x), 2.0, x)  # built inside: runs
+        np.testing.assert_array_equal(client.compute(z).result(timeout=60),
+                                      2.0 * np.arange(8.0) + 1.0)

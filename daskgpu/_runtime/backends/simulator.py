@@ -40,10 +40,13 @@ class SimulatorBackend(Backend):
         """
         if function is None and image.py_func is None:
             raise DeviceError(
-                f"kernel {image.name.rpartition('.')[2]!r} was shipped PTX only (a bundle, "
-                "or pickled while daskgpu.simulate was off), and the CUDA simulator runs "
-                "only Python functions. Run it on a GPU with daskgpu.simulate off, or ship "
-                "the client kernel (dg.jit) while daskgpu.simulate is on")
+                f"kernel {image.name.rpartition('.')[2]!r} was shipped PTX only, and the "
+                "CUDA simulator runs only Python functions: a bundle, a launch pickled "
+                "while daskgpu.simulate was off in the client, or a map_kernel built "
+                "while neither the client nor its cluster's workers simulated (before a "
+                "simulated LocalGPUCluster started, say). Run it on a GPU with "
+                "daskgpu.simulate off, or ship the client kernel (dg.jit), or build the "
+                "map, while daskgpu.simulate is on")
         meter = metrics.hook
         if meter is None:
             _simulate(image, config, args, function)
