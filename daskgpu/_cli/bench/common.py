@@ -73,6 +73,11 @@ class BenchCluster:
         """The :class:`distributed.Client` of the cluster, started on first use."""
         return self.start()
 
+    @property
+    def started(self) -> bool:
+        """Whether the cluster and its client have started."""
+        return self._client is not None
+
     def start(self):
         """Start the cluster and its client, the default one, unless started; the client."""
         if self._client is None:

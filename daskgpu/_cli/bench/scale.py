@@ -380,11 +380,26 @@ def bench_batch(cluster: BenchCluster, count: int = 100_000, measured: int = 10_
     is measured over the first ``measured`` chunks (``max_chunks``) and, for a larger
     store, scaled to all of them, as the row says. The goal is 0.2. The store and the
     outputs are written under ``directory`` (default: a new temporary folder), which is
-    removed afterwards.
+    removed afterwards. Where that disk has too little room for them, the section
+    says so in one line and gives no row; otherwise it says first where it writes
+    and how much.
     """
+    from dask.utils import format_bytes
+
     from daskgpu._cli.bench.kernels import compute
     from daskgpu._dask.batch import run_batch
 
+    size = f"{chunk_bytes >> 10} KiB" if chunk_bytes % 1024 == 0 else f"{chunk_bytes} B"
+    parent = directory or tempfile.gettempdir()
+    # At most the store and one output at a time: each run's output is removed after it.
+    need, free = 2 * count * chunk_bytes, shutil.disk_usage(parent).free
+    if need > free:
+        print(f"batch: skipped, it writes up to {format_bytes(need)} under {parent} and "
+              f"{format_bytes(free)} is free there; point TMPDIR at a larger disk", flush=True)
+        return []
+    print(f"batch: a zarr store of {count:,} chunks of {size} and its outputs, up to "
+          f"{format_bytes(need)}, under {parent}; every chunk written is synced, so the "
+          "disk sets the pace", flush=True)
     client = cluster.start()
     per_chunk = max(1, chunk_bytes // 4)  # float32
     folder = tempfile.mkdtemp(prefix="daskgpu-bench-batch-", dir=directory)
@@ -409,7 +424,6 @@ def bench_batch(cluster: BenchCluster, count: int = 100_000, measured: int = 10_
                 for _ in range(repeat)]
     finally:
         shutil.rmtree(folder, ignore_errors=True)
-    size = f"{chunk_bytes >> 10} KiB" if chunk_bytes % 1024 == 0 else f"{chunk_bytes} B"
     label = "daskgpu batch one task a chunk (group=False), same cluster and store"
     if count > measured:
         base = [b * count / measured for b in base]
