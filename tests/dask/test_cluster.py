@@ -4,6 +4,7 @@ import os
 import time
 
 import dask
+import numpy as np
 import pytest
 from distributed import Client, Nanny, Worker
 from distributed.security import Security
@@ -327,20 +328,40 @@ def test_simulating_without_a_gpu_says_so_in_one_short_line():
     assert ".." not in lines[0]
 
 
-@pytest.mark.slow
-def test_a_map_built_before_a_simulated_cluster_fails_naming_the_order():
-    import dask.array as da
-    import numpy as np
-    from kit.kernels import affine
 
-    x = da.arange(8.0, chunks=4)
-    with dask.config.set({"daskgpu.simulate": False}):  # no cluster yet: PTX only
-        y = dg.map_kernel(affine, dg.Out(np.float64, like=x), 2.0, x)
-    with dg.LocalGPUCluster(processes=False, simulate=True, dashboard_address=None) as c, \
+#: A user's script that maps before it starts its simulated cluster, then after.
+MAP_BEFORE_THE_CLUSTER = """
+import dask.array as da, numpy as np, daskgpu as dg
+from distributed import Client
+from kit.kernels import affine
+
+x = da.arange(8.0, chunks=4)
+y = dg.map_kernel(affine, dg.Out(np.float64, like=x), 2.0, x)  # no cluster yet: PTX only
+if __name__ == "__main__":
+    with dg.LocalGPUCluster(processes=False, simulate=True, dashboard_address=None) as c, \\
             Client(c) as client:
-        with pytest.raises(dg.DeviceError, match=r"shipped PTX only.*map_kernel built .*"
-                                                 r"before a simulated LocalGPUCluster"):
+        try:
             client.compute(y).result(timeout=60)
+        except dg.DeviceError as exc:
+            print("ERROR", exc)
         z = dg.map_kernel(affine, dg.Out(np.float64, like=x), 2.0, x)  # built inside: runs
-        np.testing.assert_array_equal(client.compute(z).result(timeout=60),
-                                      2.0 * np.arange(8.0) + 1.0)
+        print("INSIDE", client.compute(z).result(timeout=60).tolist())
+"""
+
+
+@pytest.mark.slow
+def test_a_map_built_before_a_simulated_cluster_fails_naming_the_order(tmp_path):
+    import subprocess
+    import sys
+
+    (tmp_path / "script.py").write_text(MAP_BEFORE_THE_CLUSTER)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.dirname(__file__) + "/..",
+                                                        *sys.path]))
+    env.pop("DASK_DASKGPU__SIMULATE", None)
+    done = subprocess.run([sys.executable, "script.py"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    error = next(line for line in done.stdout.splitlines() if line.startswith("ERROR"))
+    assert "shipped PTX only" in error and "a map_kernel built while neither the client nor "\
+        "its cluster's workers simulated (before a simulated LocalGPUCluster started" in error
+    assert f"INSIDE {(2.0 * np.arange(8.0) + 1.0).tolist()}" in done.stdout
