@@ -191,19 +191,19 @@ def run_batch(kernel, inputs, outputs, *, scalars=(), order=None, chunks=None, c
                 stack.enter_context(dask.config.set({"daskgpu.simulate": bool(simulate)}))
             job = plan_job(stack, kernel, inputs, outputs, scalars, order, chunks, resume,
                            _simulated(client, simulate))
-            job, launches = _verified(job, client, group)
-            # A local cluster starts only for chunks to compute. Before it exists, the
-            # layout is the settings' own (no worker's GPU memory caps the groups): done
-            # chunks all launched in it need none. Once one runs, its layout decides.
-            if client is None and max_chunks != 0 and (job.todo or _launched_elsewhere(
-                    job, launches, _layout(job, group, ClusterFacts()))):
+            # The settings' own layout: no worker's GPU memory caps its groups.
+            layout = _layout(job, group, ClusterFacts())
+            job, launches = _verified(job, client, layout)
+            # A local cluster starts only for chunks to compute. Before it exists, done
+            # chunks all launched in the settings' layout need none.
+            if client is None and max_chunks != 0 and (
+                    job.todo or _launched_elsewhere(job, launches, layout)):
                 client = local_client(stack, devices, simulate)
             if client is not None:
                 stack.enter_context(client.as_current())  # map_kernel asks it for GPUs
-            # The one layout of the run: the chunks are written in it, and a done chunk
-            # that an earlier run launched over another region is stale.
-            layout = _layout(job, group, cluster_facts() if client is not None
-                             else ClusterFacts())
+                # The one layout of the run: the chunks are written in it, and a done
+                # chunk that an earlier run launched over another region is stale.
+                layout = _layout(job, group, cluster_facts())
             job = _relaid(job, launches, layout)
             return _execute(job, client, retries, progress, max_chunks, layout)
     except Exception:
@@ -310,25 +310,22 @@ def _simulated(client, simulate) -> bool:
     return backends.current().simulated or not backends.GPU.devices().names
 
 
-def _verified(job, client, group=None) -> tuple:
+def _verified(job, client, layout) -> tuple:
     """``job`` with only the recorded chunks that still hold as done, in grid order, and
     ``{chunk: (start, shape)}``: the region of the launch that computed each of them.
 
     Checked on ``client``, or, without one, in this process, so that a
     rerun with nothing left to compute starts no cluster. The check reads
-    the inputs in groups of chunks as the writes do (``group``), sized
-    without the workers' GPU memory: it launches nothing. Whether each
+    the inputs in the groups of ``layout`` (the settings' own, without the
+    workers' GPU memory): it launches nothing. Whether each
     chunk's launch is the one this run would make is :func:`_relaid`'s to
     say, once the run's layout is known.
     """
     import dask.array as da
     from dask.threaded import get as threaded_get
 
-    from daskgpu._dask.cluster_facts import ClusterFacts
-
     if not job.done:
         return job, {}
-    layout = _layout(job, group, ClusterFacts())
     check = da.map_blocks(ChunkCheck(job.outputs, job.nonces, job.chunksize, layout.per_task),
                           *job.read_in(layout), name=f"batch-check-{secrets.token_hex(8)}",
                           chunks=layout.block_chunks(),
