@@ -263,6 +263,13 @@ def _runs(old: tuple, new: tuple) -> list:
     return runs if start == len(old) else None
 
 
+def _runs_per_axis(array, chunks):
+    """:func:`_runs` of ``array``'s chunks that each of ``chunks`` covers, per axis; None
+    where some axis of ``chunks`` is not made of whole chunks of ``array``."""
+    runs = [_runs(tuple(old), tuple(new)) for old, new in zip(array.chunks, chunks)]
+    return None if any(r is None for r in runs) else runs
+
+
 # -- NumPy arrays, sliced on the client -------------------------------------------
 
 def _constants_in_groups(array, layer, chunks):
@@ -271,9 +278,9 @@ def _constants_in_groups(array, layer, chunks):
     from dask._task_spec import DataNode
     from dask.array.core import Array
 
-    runs = [_runs(tuple(old), tuple(new)) for old, new in zip(array.chunks, chunks)]
+    runs = _runs_per_axis(array, chunks)
     mapping = layer.mapping
-    if any(r is None for r in runs) or len(mapping) != math.prod(array.numblocks):
+    if runs is None or len(mapping) != math.prod(array.numblocks):
         return None
     # Exactly NumPy's own arrays (a subclass may not join to the same thing), checked
     # in one pass: this runs over every chunk of the array.
@@ -366,7 +373,7 @@ def _read_in_groups(array, read, layer, chunks):
     from dask.array.core import Array, graph_from_arraylike
 
     source, getitem, kwargs, inline = read
-    if any(r is None for r in (_runs(tuple(o), tuple(n)) for o, n in zip(array.chunks, chunks))):
+    if _runs_per_axis(array, chunks) is None:
         return None
     name = _group_name(array, chunks)
     graph = graph_from_arraylike(source, chunks, array.shape, name, getitem=getitem,
