@@ -46,6 +46,7 @@ _LAZY = {
     "jit": "daskgpu._compiler.kernel",
     "kernel": "daskgpu._compiler.kernel",
     "map_kernel": "daskgpu._dask.map_kernel.api",
+    "iterate": "daskgpu._dask.iterate.api",
     "Out": "daskgpu._dask.map_kernel.api",
     "offset": "daskgpu._dask.map_kernel.api",
     "random_states": "daskgpu._compiler.random_states",
@@ -69,6 +70,7 @@ if _typing.TYPE_CHECKING:
     from daskgpu._compiler.random_states import random_states
     from daskgpu._dask.batch import BatchError, BatchProgress, BatchReport, run_batch
     from daskgpu._dask.cluster import LocalGPUCluster
+    from daskgpu._dask.iterate.api import iterate
     from daskgpu._dask.map_kernel.api import Out, map_kernel, offset
     from daskgpu._dask.workers.plugin import GPUWorkerPlugin, device_info
     from daskgpu._runtime.kernel_files import load, save
@@ -115,6 +117,7 @@ __all__ = [
     "PicklingError",
     "__version__",
     "device_info",
+    "iterate",
     "jit",
     "kernel",
     "load",

@@ -126,6 +126,20 @@ class DeviceChain:
             meter.record(self.name, "copy-in", metrics.clock() - start)
         return view
 
+    def to_host(self, view: DeviceView) -> np.ndarray:
+        """A host copy of ``view`` (a C-ordered array of the chain), after every launch
+        queued before it: what a task that kept its arrays on the device returns."""
+        meter = metrics.hook
+        start = metrics.clock() if meter is not None else 0.0
+        host = np.empty(view.shape, dtype=view.dtype)
+        if view.nbytes:
+            check(driver.cuMemcpyDtoHAsync(host.ctypes.data, view.ptr, view.nbytes,
+                                           self.stream), "cuMemcpyDtoHAsync")
+            check(driver.cuStreamSynchronize(self.stream), "cuStreamSynchronize")
+        if meter is not None:
+            meter.record(self.name, "copy-out", metrics.clock() - start)
+        return host
+
     def zeros(self, shape, dtype, order: str = "C") -> DeviceView:
         """A zero-filled device array: an intermediate output of the chain."""
         return zeroed(self._allocate, self.stream, shape, dtype, order)

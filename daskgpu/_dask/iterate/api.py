@@ -1,0 +1,181 @@
+"""Run a stencil kernel for many steps over dask arrays: :func:`iterate`.
+
+:func:`iterate` plans the step as a map (:func:`~daskgpu._dask.map_kernel.plan.plan_map`,
+one step's halo), then what the steps add (:mod:`.plan`), and builds one layer
+of tasks per block of steps on the graph layer ``dask.array`` runs on here
+(:mod:`.graph`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+
+from daskgpu._dask.iterate import plan as planning
+from daskgpu._dask.iterate.graph import build
+from daskgpu._dask.map_kernel.api import graph_layer
+from daskgpu._dask.map_kernel.plan import plan_map
+from daskgpu._runtime import backends
+
+__all__ = ["iterate"]
+
+
+def iterate(kernel, *args, steps, depth=None, boundary=None, state=None, block_steps=None,
+            tpb=0, name=None, token=None, grid_ndim=None, timeout=None):
+    """Run ``kernel`` for ``steps`` steps over dask arrays, each step's outputs the next
+    step's inputs; return the final states lazily.
+
+    One step is what ``dg.map_kernel(kernel, *args, depth=depth, boundary=boundary)``
+    computes. ``iterate`` runs a block of steps in each task, back to back on the
+    GPU, with a halo as deep as the block needs, so that Dask exchanges halos
+    once per block and its graph holds one layer of tasks per block, not per
+    step. Results equal a loop of single steps that fills the boundary before
+    every step.
+
+    Parameters
+    ----------
+    kernel : Kernel or PTXKernel
+        One step, from :func:`daskgpu.jit` (or :func:`daskgpu.kernel`,
+        :func:`daskgpu.load`), launched over each chunk as by
+        :func:`~daskgpu.map_kernel`. It writes each next state to a
+        :class:`~daskgpu.Out` and should write every element of it: an output's
+        buffer holds the state of two steps before when the step starts, as in
+        a ping-pong loop.
+    *args
+        The kernel's arguments, as for :func:`~daskgpu.map_kernel`: outputs
+        (``dg.Out(dtype, like=u0)``), the initial states (dask arrays), dask
+        arrays that never change (a coefficient map), numbers, ``dg.offset``.
+    steps : int
+        How many steps to run; 0 returns the initial states.
+    depth, boundary
+        One step's halo, as in ``da.map_overlap`` and ``map_kernel``: ``depth``
+        cells per side (an int, or per axis), ``boundary`` ``"none"`` (or
+        None), ``"periodic"``, ``"reflect"``, ``"nearest"`` or a constant,
+        per axis or for all. A block of ``k`` steps takes a halo ``k * depth``
+        deep; its cells outside the whole array are filled again from the
+        boundary after each step, so every kind gives what single steps give.
+        A ``"periodic"`` halo is stepped like the chunk it copies, which is
+        exact for kernels that do not read where they are: with ``dg.offset``
+        and a periodic axis, blocks are one step unless ``block_steps=`` says
+        otherwise.
+    state : dict, optional
+        Which value each state takes after a step: ``{input: source}``, the
+        input a dask array parameter, the source an output or another state
+        input, each by the kernel parameter's name or position. By default the
+        first output feeds the first dask array argument, the second output the
+        second, and so on. A wave equation ``wave(u_next, u, u_prev, c2)``
+        rotates with ``state={"u": "u_next", "u_prev": "u"}``. Dask arrays that
+        are no key of ``state`` never change (a coefficient map), and every
+        output must feed some state.
+    block_steps : int, optional
+        Steps per task. None: the number that makes a step cheapest, from the
+        chunks' size, the halo and Dask's per-task cost (see the guide's "Time
+        steps"), at most what the smallest chunk holds as a halo. Where
+        ``steps`` is no multiple of it, the last block is shorter.
+    tpb, name, token, grid_ndim, timeout
+        As for :func:`~daskgpu.map_kernel`; ``name=`` names the final states,
+        ``timeout=`` limits each block's task.
+
+    Returns
+    -------
+    dask.array.Array or tuple of them
+        The final states, one per key of ``state`` (by default one per output),
+        in the order of their parameters; one comes back bare.
+
+    Notes
+    -----
+    On host (NumPy) chunks a task copies its extended chunk to the GPU once,
+    runs its steps there, two buffers a state taking turns, and copies the
+    states back once; CuPy chunks stay on the GPU throughout. Between blocks
+    only halos move between workers. Tasks are placed, ask for device memory
+    and are limited in time as a map's launches are.
+
+    Examples
+    --------
+    A 1-D heat equation, periodic, 10 steps in blocks of 4:
+
+    >>> import dask, numpy as np, dask.array as da, daskgpu as dg
+    >>> from numba import cuda
+    >>> @dg.jit
+    ... def heat(out, u, a):
+    ...     i = cuda.grid(1)
+    ...     if 0 < i < u.shape[0] - 1:
+    ...         out[i] = u[i] + a * (u[i - 1] - 2 * u[i] + u[i + 1])
+    ...     elif i < u.shape[0]:
+    ...         out[i] = u[i]
+    >>> u0 = da.from_array(np.eye(1, 16, 3, dtype=np.float32)[0], chunks=8)
+    >>> with dask.config.set({"daskgpu.simulate": True}):
+    ...     u = dg.iterate(heat, dg.Out(np.float32, like=u0), u0, np.float32(0.25),
+    ...                    steps=10, depth=1, boundary="periodic", block_steps=4)
+    ...     u.compute().round(3)[:6]
+    array([0.118, 0.167, 0.18 , 0.167, 0.128, 0.081], dtype=float32)
+
+    Two states that rotate, a wave equation over a fixed coefficient map:
+
+    >>> @dg.jit
+    ... def wave(u_next, u, u_prev, c2):
+    ...     i = cuda.grid(1)
+    ...     if 0 < i < u.shape[0] - 1:
+    ...         lap = u[i - 1] - 2 * u[i] + u[i + 1]
+    ...         u_next[i] = 2 * u[i] - u_prev[i] + c2[i] * lap
+    ...     elif i < u.shape[0]:
+    ...         u_next[i] = u[i]
+    >>> c2 = da.full(16, 0.25, dtype=np.float32, chunks=8)
+    >>> with dask.config.set({"daskgpu.simulate": True}):
+    ...     u, u_prev = dg.iterate(wave, dg.Out(np.float32, like=u0), u0, u0, c2,
+    ...                            steps=3, depth=1, boundary=0,
+    ...                            state={"u": "u_next", "u_prev": "u"})
+    ...     u.compute()[:6]
+    array([0.015625, 0.234375, 0.359375, 0.234375, 0.015625, 0.      ],
+          dtype=float32)
+    """
+    steps, block_steps = planning.check_steps(steps, block_steps)
+    layer = graph_layer()
+    mp = plan_map(kernel, args, depth=depth, boundary=boundary, tpb=tpb, name=name,
+                  grid_ndim=grid_ndim, token=token, timeout=timeout, group=False,
+                  layer=layer)
+    feeds = planning.feeds_of(kernel, mp.params, state)
+    planning.check_params(mp.kernel_name, mp.params, feeds)
+    dtypes = planning.state_dtypes(mp, feeds)
+    if steps == 0:
+        arrays = tuple(mp.arrays[mp.params[t].source] for t in sorted(dtypes))
+        return arrays[0] if len(arrays) == 1 else arrays
+    ndim = mp.ndim
+    halo, bounds = layer.coerce_halo(ndim, 0 if depth is None else depth, boundary)
+    one = tuple(_depth(halo[ax], ax) for ax in range(ndim))
+    fills = planning.fills_of(bounds, ndim) if any(one) else ()
+    if block_steps is None:
+        position = planning.takes_position(mp.params) and any(
+            bounds[ax] == "periodic" for ax in range(ndim))
+        itemsize = sum(dt.itemsize for dt in dtypes.values())
+        block = 1 if position else planning.default_block_steps(
+            steps, mp.out_chunks, one, itemsize, mp.on_device)
+    else:
+        block = min(block_steps, steps)
+    planning.check_block(block, mp.out_chunks, one)
+    simulate = backends.current().simulated or mp.cluster.simulates
+    fill_kernels = {}
+    if fills:
+        from daskgpu._compiler.boundary_fill import fill_kernel
+
+        for dt in set(dtypes.values()):
+            fill_kernels[dt.str] = fill_kernel(dt, ndim, simulate)
+    if mp.token is not None:  # the steps and blocks belong in the name, as the step does
+        from dask.base import tokenize
+
+        mp = replace(mp, name=f"{mp.token}-" + tokenize(mp.name, steps, block, feeds))
+    plan = planning.IteratePlan(
+        mp, feeds, one, dict(bounds), steps, planning.block_lengths(steps, block), fills,
+        tuple(map(sum, mp.out_chunks)), fill_kernels)
+    results = build(plan, layer)
+    return results[0] if len(results) == 1 else results
+
+
+def _depth(d, ax) -> int:
+    from numbers import Integral
+
+    if isinstance(d, bool) or not isinstance(d, Integral | np.integer) or d < 0:
+        raise ValueError(f"iterate takes a non-negative integer depth per axis, got {d!r} for "
+                         f"axis {ax}")
+    return int(d)
