@@ -110,8 +110,8 @@ class BlockLaunch(LaunchTask):
     memory : ChunkMemory
     """
 
-    __slots__ = ("step", "slots", "initial", "feeds", "outputs", "finals", "steps", "dtypes", "fills",
-                 "fill_kernels", "shape", "timeout", "memory")
+    __slots__ = ("step", "slots", "initial", "feeds", "outputs", "finals", "steps", "dtypes",
+                 "fills", "fill_kernels", "shape", "timeout", "memory")
 
     def __init__(self, step, slots, initial, feeds, outputs, finals, steps, dtypes, fills,
                  fill_kernels, shape, timeout=None, memory=None):
@@ -123,8 +123,8 @@ class BlockLaunch(LaunchTask):
         self.memory = ChunkMemory() if memory is None else ChunkMemory(*memory)
 
     def __reduce__(self):
-        return BlockLaunch, (self.step, self.slots, self.initial, self.feeds, self.outputs, self.finals,
-                             self.steps, self.dtypes, self.fills, self.fill_kernels,
+        return BlockLaunch, (self.step, self.slots, self.initial, self.feeds, self.outputs,
+                             self.finals, self.steps, self.dtypes, self.fills, self.fill_kernels,
                              self.shape, self.timeout, tuple(self.memory))
 
     @property
