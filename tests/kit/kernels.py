@@ -75,3 +75,76 @@ def smooth(out, x):
     i = cuda.grid(1)
     if 0 < i < x.size - 1:
         out[i] = x[i - 1] + x[i] + x[i + 1]
+
+
+# -- time steps (dg.iterate) ------------------------------------------------------
+#
+# Each kernel copies the cells on its array's edge and updates the rest, so a step
+# over a chunk extended by a halo is a step over the whole array; kit.stencils
+# holds the same steps in NumPy.
+
+@dg.jit
+def heat_1d(out, u, a):
+    """One explicit step of the 1-D heat equation, ``a`` the diffusion number."""
+    i = cuda.grid(1)
+    n = u.shape[0]
+    if 0 < i < n - 1:
+        out[i] = u[i] + a * (u[i - 1] - 2 * u[i] + u[i + 1])
+    elif i < n:
+        out[i] = u[i]
+
+
+@dg.jit
+def heat_2d(out, u, a):
+    """One explicit step of the 2-D heat equation (five points)."""
+    i, j = cuda.grid(2)
+    n, m = u.shape
+    if 0 < i < n - 1 and 0 < j < m - 1:
+        out[i, j] = u[i, j] + a * (u[i - 1, j] + u[i + 1, j] + u[i, j - 1] + u[i, j + 1]
+                                   - 4 * u[i, j])
+    elif i < n and j < m:
+        out[i, j] = u[i, j]
+
+
+@dg.jit
+def heat_3d(out, u, a):
+    """One explicit step of the 3-D heat equation (seven points)."""
+    i, j, k = cuda.grid(3)
+    n, m, p = u.shape
+    if 0 < i < n - 1 and 0 < j < m - 1 and 0 < k < p - 1:
+        out[i, j, k] = u[i, j, k] + a * (
+            u[i - 1, j, k] + u[i + 1, j, k] + u[i, j - 1, k] + u[i, j + 1, k]
+            + u[i, j, k - 1] + u[i, j, k + 1] - 6 * u[i, j, k])
+    elif i < n and j < m and k < p:
+        out[i, j, k] = u[i, j, k]
+
+
+@dg.jit
+def wave_1d(u_next, u, u_prev, c2):
+    """One leapfrog step of the 1-D wave equation: two states that rotate
+    (``u_next`` becomes ``u``, ``u`` becomes ``u_prev``) over a fixed ``c2`` map."""
+    i = cuda.grid(1)
+    n = u.shape[0]
+    if 0 < i < n - 1:
+        u_next[i] = 2 * u[i] - u_prev[i] + c2[i] * (u[i - 1] - 2 * u[i] + u[i + 1])
+    elif i < n:
+        u_next[i] = u[i]
+
+
+@dg.jit
+def life(out, board):
+    """One generation of Conway's Game of Life on a board of 0s and 1s."""
+    i, j = cuda.grid(2)
+    n, m = board.shape
+    if 0 < i < n - 1 and 0 < j < m - 1:
+        alive = 0
+        for di in range(-1, 2):
+            for dj in range(-1, 2):
+                alive += board[i + di, j + dj]
+        alive -= board[i, j]
+        if alive == 3 or (alive == 2 and board[i, j]):
+            out[i, j] = 1
+        else:
+            out[i, j] = 0
+    elif i < n and j < m:
+        out[i, j] = board[i, j]

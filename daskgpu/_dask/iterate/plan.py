@@ -148,7 +148,7 @@ def feeds_of(kernel, params, state) -> tuple:
     return feeds
 
 
-def check_params(kernel_name, params, feeds) -> None:
+def check_params(kernel_name, params) -> None:
     """Refuse what a state cannot carry from step to step."""
     for i, (p, _) in enumerate(params):
         if isinstance(p, ChunkParam) and p.written:
@@ -166,7 +166,6 @@ def check_params(kernel_name, params, feeds) -> None:
         if isinstance(p, OutParam) and p.layout == "F":
             raise ValueError(f"iterate: kernel {kernel_name!r} takes an F-ordered output; "
                              "iterate keeps C-ordered states")
-    del feeds
 
 
 def takes_position(params) -> bool:
@@ -214,9 +213,9 @@ def default_block_steps(steps: int, chunks: tuple, depth: tuple, itemsize: int,
     Examples
     --------
     >>> default_block_steps(1000, ((2048,) * 4, (2048,) * 4), (1, 1), 4, on_device=False)
-    123
+    130
     >>> default_block_steps(1000, ((2048,) * 4, (2048,) * 4), (1, 1), 4, on_device=True)
-    61
+    66
     >>> default_block_steps(7, ((8, 8),), (1,), 4, on_device=False)
     7
     >>> default_block_steps(10, ((100,),), (0,), 8, on_device=False)  # no halo: one task
