@@ -29,7 +29,7 @@ import numpy as np
 
 from daskgpu._errors import DaskGPUError, LaunchConfigError
 from daskgpu._image.array_info import Zeroed
-from daskgpu._image.launch_config import DeviceLimits, pad3, task_counts
+from daskgpu._image.launch_config import DeviceLimits, block_shape, pad3, task_counts
 from daskgpu._image.random_states import host_states
 from daskgpu._runtime import faults, launch_runs
 
@@ -112,7 +112,9 @@ def run_function(py_func, config, args, cc=None):
             return  # forall over no tasks launches nothing, as in Numba
         # Whole blocks, as a GPU launches them: the threads past ntasks run too, so a
         # kernel's missing (or off-by-one) bounds check fails here as it would there.
-        block = (config.tpb or _FORALL_BLOCK,) + (1,) * (len(ntasks) - 1)
+        # N-D blocks are shaped as on a GPU: a (64, 1) block over a small 2-D chunk
+        # would run several times the threads the chunk has.
+        block = block_shape(config.tpb or _FORALL_BLOCK, ntasks)
         grid = tuple(max(1, -(-n // b)) for n, b in zip(ntasks, block))
     else:
         grid, block = config.griddim, config.blockdim
