@@ -30,6 +30,7 @@ SECTIONS = {
     "map-host": host.bench_map_host,
     "host-copies": host.bench_host_copies,
     "map-device": device.bench_map_device,
+    "iterate": device.bench_iterate,
     "chain": host.bench_chain,
     "chain-graphs": overhead.bench_chain_graphs,
     "compute": compute.bench_compute,
@@ -47,7 +48,8 @@ def section_sizes(name: str, size: int) -> dict:
 
     The map sections use arrays of ``size`` in 64 MiB chunks (smaller for small
     sizes; map-device and sharing choose their own chunk counts); compute and
-    scaling, which run many steps per element, a quarter and a half of it. Other
+    scaling, which run many steps per element, a quarter and a half of it; iterate, a
+    square float32 array of a quarter of it (8192 x 8192 at the default size). Other
     sections take no size.
 
     Examples
@@ -58,12 +60,14 @@ def section_sizes(name: str, size: int) -> dict:
     {'size_bytes': 67108864, 'chunk_bytes': 8388608}
     >>> section_sizes("map-device", 1 << 30)
     {'size_bytes': 1073741824}
+    >>> section_sizes("iterate", 1 << 30)
+    {'size_bytes': 268435456}
     >>> section_sizes("launch", 1 << 30)
     {}
     """
     share, chunks = {"map-host": (1, 16), "chain": (1, 16), "map-device": (1, None),
                      "compute": (4, 8), "scaling": (2, 32),
-                     "sharing": (1, None)}.get(name, (None, None))
+                     "sharing": (1, None), "iterate": (4, None)}.get(name, (None, None))
     if share is None:
         return {}
     size_bytes = size // share
@@ -99,10 +103,13 @@ def main(argv=None) -> int:
     parser.add_argument("--plot", metavar="FILE",
                         help="also draw the ratios into an image file (.png, .svg, .pdf); "
                              "needs matplotlib (daskgpu[plot])")
+    parser.add_argument("--steps", type=int, default=1000, metavar="N",
+                        help="time steps of the iterate section (default 1000)")
     parser.add_argument("--threads-per-worker", type=int, default=2, metavar="N",
                         help="threads of each LocalGPUCluster worker (default 2)")
     args = parser.parse_args(argv)
-    options = BenchOptions(threads_per_worker=args.threads_per_worker, array_bytes=args.size)
+    options = BenchOptions(threads_per_worker=args.threads_per_worker, array_bytes=args.size,
+                           time_steps=args.steps)
     rows = []
     with BenchCluster(options) as cluster:
         for name in args.sections:

@@ -27,15 +27,18 @@ class BenchOptions:
         first-task starts (``--threads-per-worker``); scaling's keep the default.
     array_bytes : int
         Bytes of each mapped host array (``--size``).
+    time_steps : int
+        Steps of the ``iterate`` section (``--steps``).
 
     Examples
     --------
     >>> BenchOptions(array_bytes=256 << 20)
-    BenchOptions(threads_per_worker=2, array_bytes=268435456)
+    BenchOptions(threads_per_worker=2, array_bytes=268435456, time_steps=1000)
     """
 
     threads_per_worker: int = 2
     array_bytes: int = 1 << 30
+    time_steps: int = 1000
 
 
 class BenchCluster:

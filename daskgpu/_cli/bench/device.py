@@ -1,12 +1,19 @@
-"""The section ``map-device``: ``map_kernel`` over chunks already on the GPU (CuPy).
+"""The sections where data stays on the GPU: ``map-device`` and ``iterate``.
 
-With no host copies to hide it, what is left is the cost per chunk: daskgpu's
-against ``da.map_blocks`` + Numba, and Dask's own floor on the same chunks,
-and how much of it is spent inside the tasks rather than around them.
+``map-device`` maps over chunks already on the GPU (CuPy): with no host copies
+to hide it, what is left is the cost per chunk: daskgpu's against
+``da.map_blocks`` + Numba, and Dask's own floor on the same chunks, and how much
+of it is spent inside the tasks rather than around them.
+
+``iterate`` runs a 2-D heat equation for many steps with ``dg.iterate``, whose
+tasks keep their chunk on the GPU for a block of steps, against the same kernel
+looped on one device array without Dask, a loop of ``map_kernel`` steps, and the
+Dask + CuPy ``map_overlap`` loop a Dask user writes today; each a cost per step.
 """
 
 from __future__ import annotations
 
+import math
 import time
 
 import numpy as np
@@ -151,3 +158,153 @@ def device_chunk_seconds(chunk_bytes: int, repeat: int = 20) -> tuple:
         cp.cuda.Device().synchronize()
         out.append((time.perf_counter() - t0) / repeat)
     return tuple(out)
+
+
+# -- iterate ---------------------------------------------------------------------------
+
+#: The steps the loops of map_kernel and of map_overlap run: enough for a cost per step,
+#: since each of their steps costs the same as the last.
+LOOP_STEPS = 100
+
+
+def bench_iterate(cluster: BenchCluster, size_bytes: int = 256 << 20, chunks: int = 16,
+                  block_steps=None) -> list:
+    """A 2-D heat equation on ``size_bytes`` of float32 (8192 x 8192 by default) in
+    ``chunks`` chunks, ``cluster.options.time_steps`` steps: its cost per step with
+    ``dg.iterate`` against the other ways to run it.
+
+    The baselines: the same kernel looped on one device array with numba-cuda (no
+    Dask: what one GPU can do), a Python loop of ``map_kernel`` steps and a Dask +
+    CuPy ``map_overlap`` loop (these two over at most :data:`LOOP_STEPS` steps).
+    Every run holds the array's edge fixed (``boundary="none"``) and must give the
+    one-device loop's result. Without a GPU (or with ``daskgpu.simulate`` on) it says
+    so in one line and gives no row; without CuPy, no CuPy rows.
+    """
+    from daskgpu._runtime import backends
+
+    devices = backends.GPU.devices()
+    if backends.current().simulated or not devices.names:
+        reason = "daskgpu.simulate is on" if devices.names else devices.reason or "no GPU"
+        print(f"iterate: skipped, it needs a GPU ({reason})", flush=True)
+        return []
+    steps = cluster.options.time_steps
+    n = int(math.isqrt(size_bytes // 4))
+    side = max(1, math.isqrt(chunks))
+    chunk = -(-n // side)
+    u0 = np.zeros((n, n), np.float32)
+    u0[n // 3: 2 * n // 3, n // 3: 2 * n // 3] = 100.0
+    cluster.start()  # its client is the default one
+    alone, want = one_device_seconds(u0, steps)
+    loop = min(steps, LOOP_STEPS)
+    try:
+        import cupy
+    except ImportError:
+        print("iterate: no CuPy, so no rows for CuPy chunks or map_overlap", flush=True)
+        cupy = None
+    # Each run starts from its input persisted on the workers and ends when its result
+    # is persisted there: gathering it to the client is no part of a step.
+    runs = {"iterate": (False, steps, lambda u: _iterate(u, steps, block_steps)),
+            "map_kernel": (False, loop, lambda u: _map_kernel_loop(u, loop))}
+    if cupy is not None:
+        runs["iterate-cupy"] = (True, steps, lambda u: _iterate(u, steps, block_steps))
+        runs["map_overlap"] = (True, loop, lambda u: _overlap_loop(u, loop))
+    per_step = {}
+    for name, (on_device, count, run) in runs.items():
+        u = _persisted_input(u0, chunk, on_device)
+        t0 = time.perf_counter()
+        result = run(u)
+        per_step[name] = [(time.perf_counter() - t0) / count]
+        if count == steps:  # the same steps as the one-device loop: the same result
+            got = result.compute()
+            got = got.get() if on_device else got
+            np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-3)
+        del result
+    what = f"iterate, 2-D heat {n}x{n} float32, {side * side} host chunks, per step"
+    rows = [
+        ratio(what, per_step["iterate"], [alone], "ms",
+              f"the kernel looped on one device array, numba-cuda, no Dask ({steps} steps)",
+              goal=1.25, scale=1e3),
+        ratio("  against a loop of map_kernel steps", per_step["iterate"],
+              per_step["map_kernel"], "ms",
+              f"dg.map_kernel(depth=1) once a step ({loop} steps)", goal=0.1, scale=1e3),
+    ]
+    if cupy is not None:
+        rows += [
+            ratio("  against a Dask + CuPy map_overlap loop", per_step["iterate"],
+                  per_step["map_overlap"], "ms",
+                  f"u.map_overlap(cupy step, depth=1) once a step ({loop} steps)",
+                  goal=0.1, scale=1e3),
+            ratio("  iterate on CuPy chunks, per step", per_step["iterate-cupy"], [alone],
+                  "ms", "the kernel looped on one device array, numba-cuda, no Dask",
+                  goal=1.25, scale=1e3),
+        ]
+    return rows
+
+
+def _persisted_input(u0, chunk: int, on_device: bool):
+    import dask.array as da
+
+    u = da.from_array(u0, chunks=chunk)
+    if on_device:
+        import cupy as cp
+
+        u = u.map_blocks(cp.asarray)
+    return wait_persisted(u)
+
+
+def one_device_seconds(u0, steps: int) -> tuple:
+    """Seconds per step of the heat kernel looped on one device array with numba-cuda,
+    two buffers taking turns; and the final state."""
+    from numba import cuda
+
+    from daskgpu._cli.bench import kernels as k
+
+    n, m = u0.shape
+    blocks = ((n + 15) // 16, (m + 15) // 16)
+    a, b = cuda.to_device(u0), cuda.device_array_like(u0)
+    k.numba_heat[blocks, (16, 16)](b, a, np.float32(0.2))  # compiled and warm
+    a, b = cuda.to_device(u0), cuda.device_array_like(u0)
+    cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        k.numba_heat[blocks, (16, 16)](b, a, np.float32(0.2))
+        a, b = b, a
+    cuda.synchronize()
+    return (time.perf_counter() - t0) / max(steps, 1), a.copy_to_host()
+
+
+def _iterate(u, steps: int, block_steps):
+    import daskgpu as dg
+    from daskgpu._cli.bench import kernels as k
+
+    return wait_persisted(dg.iterate(k.heat, dg.Out(np.float32, like=u), u, np.float32(0.2),
+                                     steps=steps, depth=1, boundary="none",
+                                     block_steps=block_steps))
+
+
+def _map_kernel_loop(u, steps: int):
+    import daskgpu as dg
+    from daskgpu._cli.bench import kernels as k
+
+    for step in range(steps):
+        u = dg.map_kernel(k.heat, dg.Out(np.float32, like=u), u, np.float32(0.2), depth=1,
+                          boundary="none")
+        if step % 10 == 9:  # a user's loop keeps its graph short
+            u = wait_persisted(u)
+    return wait_persisted(u)
+
+
+def cupy_heat_step(u):
+    """The heat step on a CuPy chunk and its halo, as a Dask + CuPy user writes it."""
+    out = u.copy()
+    out[1:-1, 1:-1] = u[1:-1, 1:-1] + np.float32(0.2) * (
+        u[:-2, 1:-1] + u[2:, 1:-1] + u[1:-1, :-2] + u[1:-1, 2:] - 4 * u[1:-1, 1:-1])
+    return out
+
+
+def _overlap_loop(u, steps: int):
+    for step in range(steps):
+        u = u.map_overlap(cupy_heat_step, depth=1, boundary="none", dtype=np.float32)
+        if step % 10 == 9:  # a user's loop keeps its graph short
+            u = wait_persisted(u)
+    return wait_persisted(u)

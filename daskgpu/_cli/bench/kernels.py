@@ -85,18 +85,32 @@ def _hist256(counts, x, low, high):
             cuda.atomic.add(counts, b, int64(local[b]))
 
 
+def _heat(out, u, a):
+    # One explicit step of the 2-D heat equation; the array's edge is copied.
+    i, j = cuda.grid(2)
+    n, m = u.shape
+    if 0 < i < n - 1 and 0 < j < m - 1:
+        out[i, j] = u[i, j] + a * (u[i - 1, j] + u[i + 1, j] + u[i, j - 1] + u[i, j + 1]
+                                   - 4 * u[i, j])
+    elif i < n and j < m:
+        out[i, j] = u[i, j]
+
+
 SAXPY_SIG = "void(float32[::1], float32, float32[::1], float32[::1])"
 HIST_SIG = "void(int64[::1], float32[::1], float32, float32)"
 COMPUTE_SIG = "void(float32[::1], float32[::1], int32)"
+HEAT_SIG = "void(float32[:, ::1], float32[:, ::1], float32)"
 
 # daskgpu kernels
 add = dg.jit(ADD_SIG)(_add)
 saxpy = dg.jit(SAXPY_SIG)(_saxpy)
 compute = dg.jit(COMPUTE_SIG)(_compute)
 hist256 = dg.jit(HIST_SIG)(_hist256)
+heat = dg.jit(HEAT_SIG)(_heat)
 
 # The same functions as plain Numba dispatchers: the baselines.
 numba_add = cuda.jit(_add)
 numba_saxpy = cuda.jit(_saxpy)
 numba_compute = cuda.jit(_compute)
 numba_hist256 = cuda.jit(_hist256)
+numba_heat = cuda.jit(_heat)
