@@ -134,3 +134,10 @@ def test_an_example_as_a_script_is_quiet_even_when_8787_is_taken():
     assert "matches NumPy" in proc.stdout
     assert proc.stderr.strip().count("\n") == 0, proc.stderr  # the one simulated line
     assert "already in use" not in proc.stderr
+
+
+def test_game_of_life(cluster, capsys):
+    life = load("game_of_life")
+    board = life.main(n=8, cluster=cluster, generations=3, block_steps=2)
+    np.testing.assert_array_equal(board, life.reference(life.initial(8), 3))
+    assert "matches NumPy" in capsys.readouterr().out
