@@ -9,6 +9,7 @@ of tasks per block of steps on the graph layer ``dask.array`` runs on here
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
 import numpy as np
 
@@ -21,8 +22,10 @@ from daskgpu._runtime import backends
 __all__ = ["iterate"]
 
 
-def iterate(kernel, *args, steps, depth=None, boundary=None, state=None, block_steps=None,
-            tpb=0, name=None, token=None, grid_ndim=None, timeout=None):
+def iterate(kernel: Any, *args: Any, steps: int, depth: Any = None, boundary: Any = None,
+            state: dict | None = None, block_steps: int | None = None, tpb: int = 0,
+            name: str | None = None, token: str | None = None, grid_ndim: int | None = None,
+            timeout: float | None = None) -> Any:
     """Run ``kernel`` for ``steps`` steps over dask arrays, each step's outputs the next
     step's inputs; return the final states lazily.
 
