@@ -155,8 +155,7 @@ class BlockLaunch(LaunchTask):
         backend = backends.for_image(self.step.kernel.images[0])
         chain = None if on_device else backend.device_chain(f"{self.kernel_name} block")
         try:
-            with faults.in_chunk(self.kernel_name, *place):
-                states = self._run(values, place, chain, array_module(on_device))
+            states = self._run(values, place, chain, array_module(on_device))
             if chain is not None:
                 states = [chain.to_host(s) if not isinstance(s, np.ndarray) else s
                           for s in states]
@@ -184,13 +183,18 @@ class BlockLaunch(LaunchTask):
                      buffers[i] if kind == "state" else fixed[i] for kind, i in self.slots]
             written = self.step.run(taken, place, chain, keep=True)
             written = dict(zip(self.outputs, written))
-            for p in self.outputs:
-                self._fill(written[p], self.dtypes[p], block, start, chain)
+            with faults.in_chunk(self.kernel_name, *place):  # the step's launch names it too
+                for p in self.outputs:
+                    self._fill(written[p], self.dtypes[p], block, start, chain)
             current = {**state, **written}
             nxt = {target: current[source] for target, source in self.feeds}
-            held = {id(v) for v in nxt.values()}
-            spare += [v for v in current.values() if id(v) not in held
-                      and not any(v is s for s in spare)]
+            # What no state holds any more is the next step's output buffer; two states
+            # may hold one buffer (a state fed by another, or one chunk given twice).
+            held = {id(v) for v in nxt.values()} | {id(v) for v in spare}
+            for v in current.values():
+                if id(v) not in held:
+                    spare.append(v)
+                    held.add(id(v))
             state = nxt
         return [unwrap(state[p]) for p in self.finals]
 
