@@ -77,7 +77,9 @@ def iterate(kernel: Any, *args: Any, steps: int, depth: Any = None, boundary: An
         steps"), at most what the smallest chunk holds as a halo. Where
         ``steps`` is no multiple of it, the last block is shorter.
     tpb, name, token, grid_ndim, timeout
-        As for :func:`~daskgpu.map_kernel`; ``name=`` names the final states,
+        As for :func:`~daskgpu.map_kernel`. ``name=`` is the key name of the last
+        block's launches (the final states are trimmed from them, as a map's
+        outputs with ``depth``); ``token=`` the prefix of every block's;
         ``timeout=`` limits each block's task.
 
     Returns
