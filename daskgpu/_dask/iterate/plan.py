@@ -204,11 +204,12 @@ def default_block_steps(steps: int, chunks: tuple, depth: tuple, itemsize: int,
     A block of ``k`` steps pays, once, the costs of a task (Dask's per-task
     cost, :data:`TASK_BYTES`, and for host chunks their copies to the GPU and
     back, :data:`PCIE_PASSES` each); and each of its steps computes its chunk
-    extended by ``k * depth`` cells per side. Per step, in passes over the
-    chunk, that is ``R / k + prod(1 + 2 * k * depth / chunk)`` over the axes,
-    with ``R`` the per-task cost in passes; ``k`` is the one that minimises
-    it, at most the steps and at most what the smallest chunk can hold as a
-    halo (``k * depth <= chunk`` on each axis).
+    extended by ``k * depth`` cells per side. Per step, in units of one step
+    over the chunk (which reads it and writes it: two passes), that is
+    ``R / k + prod(1 + 2 * k * depth / chunk)`` over the axes, with ``R`` the
+    per-task cost in steps; ``k`` is the one that minimises it, at most the
+    steps and at most what the smallest chunk can hold as a halo
+    (``k * depth <= chunk`` on each axis).
 
     Examples
     --------
