@@ -29,16 +29,19 @@ def test_the_graph_holds_at_most_a_third_of_a_loop_of_map_kernel_steps(simulate)
     assert _tasks(blocked) * 3 <= _tasks(u)
 
 
-def test_a_block_is_one_layer_of_launches(simulate):
+def test_a_block_is_one_layer_of_launches_that_asks_as_a_map_does(simulate):
     u0 = da.zeros(12, chunks=4, dtype=np.float32)
     u = dg.iterate(heat_1d, dg.Out(np.float32, like=u0), u0, A, steps=10, depth=1,
-                   boundary="periodic", block_steps=4)
+                   boundary="periodic", block_steps=4, timeout=30)
     graph = dict(u.__dask_graph__())
     found = [launch for task in graph.values()
              for _, launch, _ in launches_in(task, graph.get)]
     assert len(found) == 3 * 3  # blocks of 4, 4 and 2 steps, three chunks each
     assert sorted(launch.steps for launch in found) == [2] * 3 + [4] * 6
     assert all(isinstance(launch, BlockLaunch) for launch in found)
+    # the time limit a map's task has, and the memory of a state and its output buffer
+    assert {launch.timeout for launch in found} == {30}
+    assert {launch.device_bytes((12,)) for launch in found} == {12 * (4 + 4)}
 
 
 def _launch_names(array) -> set:
