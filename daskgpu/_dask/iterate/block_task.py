@@ -15,11 +15,12 @@ trims them as it trims a map's outputs.
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 import numpy as np
 
-from daskgpu._dask.map_kernel.chunk_params import array_module, is_cupy
+from daskgpu._dask.map_kernel.chunk_params import ChunkContext, array_module, is_cupy
 from daskgpu._dask.map_kernel.chunk_task import ChunkMemory, launches
 from daskgpu._runtime import backends, faults
 from daskgpu._runtime.launch import unwrap
@@ -165,55 +166,93 @@ class BlockLaunch(LaunchTask):
         return states[0] if len(states) == 1 else tuple(states)
 
     def _run(self, values, place, chain, xp) -> list:
-        """The block's steps; the final states, on the device where the chain keeps them."""
-        _, block, start = place
+        """The block's steps; the final states, on the device where the chain keeps them.
+
+        The kernel's arguments are made once, as the map's chunk launch makes them
+        (each parameter's ``for_chunk``), and one launch runs every step: from the
+        second step on, only the states' and outputs' arguments change, and a launch
+        repeated on device arrays takes the runtime's fast path.
+        """
+        block_id, block, start = place
         state = {p: values[i] for p, i in self.initial}
         fixed = {i: values[i] for kind, i in self.slots if kind != "state"}
+        ours = set()  # ids of the buffers this task made: only those are written
         if chain is not None:  # on the device for the whole block, copied in once
             for p, v in state.items():
                 if isinstance(v, np.ndarray):
                     state[p] = chain.to_device(np.ascontiguousarray(v))
+                    ours.add(id(state[p]))
             for kind, i in self.slots:
                 if kind == "chunk" and isinstance(fixed[i], np.ndarray):
                     fixed[i] = chain.to_device(np.ascontiguousarray(fixed[i]))
+        step = self.step
+        chunks = [state[i] if kind == "state" else fixed[i] for kind, i in self.slots
+                  if kind == "chunk" or (kind == "state" and i in state)]
+        shape = tuple(np.broadcast_shapes(tuple(block), *(tuple(c.shape) for c in chunks)))
+        chunk = ChunkContext(block_id, shape, start, xp,
+                             backends.for_image(step.kernel.images[0]), chain, True)
+        launch, args, fill_launches = None, None, {}
         spare = []  # buffers no state holds any more: the next step's outputs
-        for _ in range(self.steps):
-            buffers = {p: self._buffer(spare, p, block, chain, xp) for p in self.outputs}
-            taken = [state[i] if kind == "state" and i in state else
-                     buffers[i] if kind == "state" else fixed[i] for kind, i in self.slots]
-            written = self.step.run(taken, place, chain, keep=True)
-            written = dict(zip(self.outputs, written))
-            with faults.in_chunk(self.kernel_name, *place):  # the step's launch names it too
+        with faults.in_chunk(self.kernel_name, block_id, shape, start):
+            for _ in range(self.steps):
+                buffers = {p: self._buffer(spare, ours, p, shape, chain, xp)
+                           for p in self.outputs}
+                if args is None:
+                    taken = iter(state[i] if kind == "state" and i in state else
+                                 buffers[i] if kind == "state" else fixed[i]
+                                 for kind, i in self.slots)
+                    args = [p.for_chunk(chunk, next(taken)) if p.takes_value
+                            else p.for_chunk(chunk) for p in step.params]
+                    launch = self._step_launch(shape, chain)
+                else:
+                    for p, v in (*state.items(), *buffers.items()):
+                        args[p] = v
+                if math.prod(shape):
+                    launch(*args)
                 for p in self.outputs:
-                    self._fill(written[p], self.dtypes[p], block, start, chain)
-            current = {**state, **written}
-            nxt = {target: current[source] for target, source in self.feeds}
-            # What no state holds any more is the next step's output buffer; two states
-            # may hold one buffer (a state fed by another, or one chunk given twice).
-            held = {id(v) for v in nxt.values()} | {id(v) for v in spare}
-            for v in current.values():
-                if id(v) not in held:
-                    spare.append(v)
-                    held.add(id(v))
-            state = nxt
+                    self._fill(buffers[p], self.dtypes[p], shape, start, chain, fill_launches)
+                current = {**state, **buffers}
+                nxt = {target: current[source] for target, source in self.feeds}
+                # What no state holds any more is the next step's output buffer, if this
+                # task made it; two states may hold one buffer (a state fed by another,
+                # or one chunk given twice).
+                held = {id(v) for v in nxt.values()} | {id(v) for v in spare}
+                for v in current.values():
+                    if id(v) not in held and id(v) in ours:
+                        spare.append(v)
+                        held.add(id(v))
+                state = nxt
         return [unwrap(state[p]) for p in self.finals]
 
-    def _buffer(self, spare, param, block, chain, xp):
-        """An output buffer for ``param``: a spare one of its dtype, else a new one."""
-        dtype = np.dtype(self.dtypes[param])
+    def _step_launch(self, shape, chain):
+        """The one launch of the block's steps: on the chain's stream, or the process's
+        launch of the kernel for this shape (kept across tasks, as a map's chunk launch
+        keeps it)."""
+        step = self.step
+        ntasks = math.prod(shape) if step.rank == 1 else shape
         if chain is not None:
-            for k, b in enumerate(spare):
-                if np.dtype(b.dtype) == dtype and tuple(b.shape) == tuple(block):
-                    return spare.pop(k)
-            return chain.zeros(tuple(block), dtype, "C")
-        # Without a chain (CuPy chunks, the simulator) a new array each step: the
-        # chunks dask handed in are never written.
-        return xp.zeros(tuple(block), dtype=dtype)
+            return step.kernel.forall(ntasks, step.tpb, stream=chain.handle)
+        return launches.get((step.ident, ntasks, step.tpb),
+                            lambda: step.kernel.forall(ntasks, step.tpb))
 
-    def _fill(self, array, dtype, block, start, chain) -> None:
+    def _buffer(self, spare, ours, param, shape, chain, xp):
+        """An output buffer for ``param``: a spare one of its dtype, else a new one, zeroed."""
+        dtype = np.dtype(self.dtypes[param])
+        for k, b in enumerate(spare):
+            if np.dtype(b.dtype) == dtype and tuple(b.shape) == tuple(shape):
+                return spare.pop(k)
+        if chain is not None:
+            new = chain.zeros(tuple(shape), dtype, "C")
+        else:
+            new = xp.zeros(tuple(shape), dtype=dtype)
+        ours.add(id(new))
+        return new
+
+    def _fill(self, array, dtype, block, start, chain, made) -> None:
         """Give ``array``'s cells outside the whole array their boundary values again: on
         the device by the fill kernel, in the chain's stream; on the host (where the
-        simulator keeps the block) with NumPy."""
+        simulator keeps the block) with NumPy. ``made`` keeps the block's fill launches,
+        one per dtype and side, so that each step repeats them."""
         if not self.fills:
             return
         if isinstance(array, np.ndarray):
@@ -233,8 +272,10 @@ class BlockLaunch(LaunchTask):
                     continue
                 ntasks = tuple(count if a == ax else n for a, n in enumerate(block))
                 ntasks = ntasks[0] if len(ntasks) == 1 else ntasks
-                launch = self._fill_launch(kernel, ntasks, chain)
-                launch(array, ax, first, count, lo, hi, fill.mode, value_type(fill.value))
+                key = (np.dtype(dtype).str, ntasks)
+                if key not in made:
+                    made[key] = self._fill_launch(kernel, ntasks, chain)
+                made[key](array, ax, first, count, lo, hi, fill.mode, value_type(fill.value))
 
     @staticmethod
     def _fill_launch(kernel, ntasks, chain):
