@@ -161,7 +161,7 @@ def iterate(kernel: Any, *args: Any, steps: int, depth: Any = None, boundary: An
     planning.check_block(block, mp.out_chunks, one)
     simulate = backends.current().simulated or mp.cluster.simulates
     fill_kernels = {}
-    if fills:
+    if fills and not simulate:  # simulated blocks are NumPy arrays, filled by NumPy
         from daskgpu._compiler.boundary_fill import fill_kernel
 
         for dt in set(dtypes.values()):
