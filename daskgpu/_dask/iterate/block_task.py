@@ -261,7 +261,13 @@ class BlockLaunch(LaunchTask):
                 fill_host(array, fill, max(0, -start[ax]),
                           min(block[ax], self.shape[ax] - start[ax]))
             return
-        kernel = self.fill_kernels[np.dtype(dtype).str]
+        kernel = self.fill_kernels.get(np.dtype(dtype).str)
+        if kernel is None:
+            raise RuntimeError(
+                f"iterate({self.kernel_name!r}) was built for simulated workers, whose "
+                "blocks are NumPy arrays, and runs on a GPU, which fills its boundary with "
+                "a kernel the client did not compile; build it with daskgpu.simulate off "
+                "and no simulated workers")
         value_type = np.dtype(dtype).type
         for fill in self.fills:
             ax = fill.axis
