@@ -27,8 +27,9 @@ from daskgpu._dask.map_kernel.chunk_params import (
 )
 from daskgpu._dask.map_kernel.plan import MapPlan
 
-__all__ = ["Fill", "IteratePlan", "block_lengths", "default_block_steps", "feeds_of",
-           "fills_of", "PCIE_PASSES", "TASK_BYTES"]
+__all__ = ["IteratePlan", "PCIE_PASSES", "TASK_BYTES", "block_lengths", "check_block",
+           "check_params", "check_steps", "default_block_steps", "feeds_of", "fills_of",
+           "state_dtypes", "takes_position"]
 
 #: A chunk's copy over PCIe, one way, costs about as long as this many passes over the
 #: same bytes in the GPU's own memory (the ratio of the two bandwidths).
