@@ -49,6 +49,9 @@ class ClusterFacts(NamedTuple):
     gpu_memory: int = 0
     #: How many workers offer the ``GPU`` resource.
     gpu_workers: int = 0
+    #: The threads that run launches: those of the GPU workers, or of every worker
+    #: where none offers a GPU (simulated on plain workers); 0 without a cluster.
+    threads: int = 0
 
 
 #: What each cluster with GPU workers offers, by scheduler address (client side),
@@ -84,12 +87,17 @@ def _facts(workers: dict) -> ClusterFacts:
     """
     offers_gpu = simulates = False
     devices, memory, gpu_workers = [], 0, 0
+    gpu_threads = all_threads = 0
     for address, worker in sorted(workers.items()):
         worker = worker if isinstance(worker, Mapping) else {}
         resources = _mapping(address, "resources", worker.get("resources"))
         metrics = _mapping(address, "metrics", worker.get("metrics"))
         offers_gpu = offers_gpu or bool(resources.get(GPU))
         gpu_workers += bool(resources.get(GPU))
+        nthreads = worker.get("nthreads")
+        nthreads = nthreads if isinstance(nthreads, int) and nthreads > 0 else 1
+        all_threads += nthreads
+        gpu_threads += nthreads if resources.get(GPU) else 0
         simulates = simulates or bool(metrics.get(SIMULATED_METRIC))
         if metrics.get(DEVICE_METRIC):
             versions = _versions(metrics[DEVICE_METRIC])
@@ -109,7 +117,8 @@ def _facts(workers: dict) -> ClusterFacts:
                  "its offer is not counted when chunks are checked against what workers "
                  "offer; restart it with --resources GPU-memory=<bytes>, or without it")
     return ClusterFacts(offers_gpu=offers_gpu, simulates=simulates, devices=tuple(devices),
-                        gpu_memory=memory, gpu_workers=gpu_workers)
+                        gpu_memory=memory, gpu_workers=gpu_workers,
+                        threads=gpu_threads if offers_gpu else all_threads)
 
 
 def _mapping(address, what, value) -> Mapping:
@@ -173,8 +182,8 @@ def cluster_facts() -> ClusterFacts:
 
     Examples
     --------
-    >>> cluster_facts()  # no client here
-    ClusterFacts(offers_gpu=False, simulates=False, devices=(), gpu_memory=0, gpu_workers=0)
+    >>> cluster_facts() == ClusterFacts()  # no client here
+    True
     """
     if "distributed" not in sys.modules:  # no client can be current
         return ClusterFacts()

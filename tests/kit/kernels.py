@@ -75,3 +75,33 @@ def smooth(out, x):
     i = cuda.grid(1)
     if 0 < i < x.size - 1:
         out[i] = x[i - 1] + x[i] + x[i + 1]
+
+
+# -- kernels whose results depend on where their launch begins or ends -------------
+# map_kernel launches them once per chunk by default: grouping chunks would change them.
+
+@dg.jit
+def chunk_index(out):
+    """``out[i] = i``: each element's index within its chunk (a tile-local index)."""
+    i = cuda.grid(1)
+    if i < out.size:
+        out[i] = i
+
+
+@dg.jit
+def minus_first(out, x):
+    """``out[i] = x[i] - x[0]``: each element against its chunk's first one."""
+    i = cuda.grid(1)
+    if i < out.size:
+        out[i] = x[i] - x[0]
+
+
+@dg.jit
+def chunk_cumsum(out, x):
+    """A scan within each chunk: ``out[i] = x[0] + ... + x[i]`` of the chunk."""
+    i = cuda.grid(1)
+    if i < out.size:
+        total = 0.0
+        for k in range(i + 1):
+            total += x[k]
+        out[i] = total

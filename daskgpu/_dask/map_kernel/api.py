@@ -308,13 +308,31 @@ def _halo(plan: MapPlan, layer):
     return overlapped, tuple(int(depth[ax]) for ax in range(ndim)), left, (depth, boundary)
 
 
-def _places(block_chunks, out_chunks, halo, left) -> ChunkPlaces:
-    """Each block's id, shape and start: a halo moves a chunk's start down by its depth."""
+def _places(block_chunks, out_chunks, halo, left, user_chunks=None) -> ChunkPlaces:
+    """Each block's id, shape and start: a halo moves a chunk's start down by its depth.
+    Grouped (``user_chunks`` given), each also names the user's chunks it holds."""
     starts = []
     for chunks, depth, edge in zip(out_chunks, halo, left):
         axis = np.cumsum((0,) + tuple(chunks[:-1])).tolist()
         starts.append(tuple(s - depth if b > 0 or edge else s for b, s in enumerate(axis)))
-    return ChunkPlaces(block_chunks, starts)
+    members = None
+    if user_chunks is not None:
+        members = tuple(_members_per_group(u, g) for u, g in zip(user_chunks, out_chunks))
+    return ChunkPlaces(block_chunks, starts, members)
+
+
+def _members_per_group(user, grouped) -> tuple:
+    """Per group of one axis: its first user chunk's index and start, and the user chunks'
+    sizes within it."""
+    out, it, index, start = [], iter(user), 0, 0
+    for g in grouped:
+        sizes, total = [], 0
+        while total < g:
+            sizes.append(next(it))
+            total += sizes[-1]
+        out.append((index, start, tuple(sizes)))
+        index, start = index + len(sizes), start + total
+    return tuple(out)
 
 
 def _build(plan: MapPlan, layer) -> tuple:
@@ -327,12 +345,14 @@ def _build(plan: MapPlan, layer) -> tuple:
     # Outputs are allocated in the task that launches on them: a task per
     # output chunk would double the graph and the scheduler's work.
     block_chunks = broadcast_chunks(*(b.chunks for b in blocks))
-    places = _places(block_chunks, plan.out_chunks, halo, left)
+    places = _places(block_chunks, plan.out_chunks, halo, left,
+                     plan.user_chunks if plan.grouped else None)
     task_args = plan.task_sources(blocks)
     need = _chunk_memory(plan, task_args, block_chunks)
     check_chunk_fits(need.most, plan.kernel_name, plan.cluster)
     fn = ChunkLaunch(plan.kernel, plan.param_objects, tuple(r.index for r in plan.returns),
-                     plan.rank, plan.tpb, plan.on_device, timeout=plan.timeout, memory=need)
+                     plan.rank, plan.tpb, plan.on_device, timeout=plan.launch_timeout,
+                     memory=need)
     if not any(halo) and flag("fuse-chains", True):
         fused, fused_args = fuse(fn, task_args, plan, blocks, block_chunks)
         # A fused task holds every launch's arrays at once: where that is more than any

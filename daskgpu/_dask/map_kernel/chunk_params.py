@@ -118,7 +118,8 @@ class ChunkContext(NamedTuple):
 
 
 class ChunkPlaces(ArrayBlockwiseDep):
-    """Where each block lies, handed to its task alone: ``(block id, shape, start)``.
+    """Where each block lies, handed to its task alone: ``(block id, shape, start)``, and
+    for a grouped launch the user's chunks it holds.
 
     A ``BlockwiseDep`` of the launch layer: dask calls ``places[block_id]``
     as it builds each task and puts just that block's plain tuple of ints in
@@ -130,22 +131,33 @@ class ChunkPlaces(ArrayBlockwiseDep):
         The launch's blocks (with halos, when ``depth`` is given).
     starts : tuple of tuple of int
         Per axis and block, the global index of the block's element 0.
+    members : tuple or None
+        Grouped launches: per axis and block, ``(index, start, sizes)`` of the
+        user's chunks it holds (the first one's index and global start, and
+        each one's size), so that errors name the user's chunk; None where
+        each block is one chunk.
 
     Examples
     --------
     >>> places = ChunkPlaces(((2, 2), (3,)), ((0, 2), (0,)))
     >>> places[1, 0]
     ((1, 0), (2, 3), (2, 0))
+    >>> ChunkPlaces(((4,),), ((0,),), (((0, 0, (2, 2)),),))[0,]
+    ((0,), (4,), (0,), ((0, 0, (2, 2)),))
     """
 
-    def __init__(self, chunks, starts):
+    def __init__(self, chunks, starts, members=None):
         super().__init__(tuple(tuple(int(c) for c in axis) for axis in chunks))
         self.starts = tuple(tuple(int(s) for s in axis) for axis in starts)
+        self.members = members
 
     def __getitem__(self, idx: tuple):
         idx = tuple(int(i) for i in idx)
-        return (idx, tuple(c[i] for c, i in zip(self.chunks, idx)),
-                tuple(s[i] for s, i in zip(self.starts, idx)))
+        place = (idx, tuple(c[i] for c, i in zip(self.chunks, idx)),
+                 tuple(s[i] for s, i in zip(self.starts, idx)))
+        if self.members is None:
+            return place
+        return place + (tuple(m[i] for m, i in zip(self.members, idx)),)
 
     def get(self, idx: tuple, default=None):
         """Block ``idx``'s place as the task's argument: a ``DataNode`` already.
@@ -162,7 +174,7 @@ class ChunkPlaces(ArrayBlockwiseDep):
         return DataNode(None, self[idx])
 
     def __reduce__(self):
-        return ChunkPlaces, (self.chunks, self.starts)
+        return ChunkPlaces, (self.chunks, self.starts, self.members)
 
 
 class _Param:

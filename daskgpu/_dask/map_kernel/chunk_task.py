@@ -161,7 +161,7 @@ class ChunkLaunch(LaunchTask):
         once per task, and with ``keep`` the outputs stay there, as
         intermediates of the chain.
         """
-        block_id, block, start = place
+        block_id, block, start, *members = place
         taking = [p for p in self.params if p.takes_value]
         inputs = [v for p, v in zip(taking, values) if isinstance(p, ChunkParam)]
         shape = tuple(np.broadcast_shapes(block, *(v.shape for v in inputs)))
@@ -174,7 +174,7 @@ class ChunkLaunch(LaunchTask):
         size = math.prod(shape)
         if size:
             ntasks = size if self.rank == 1 else shape
-            with faults.in_chunk(self.kernel.__name__, block_id, shape, start):
+            with faults.in_chunk(self.kernel.__name__, block_id, shape, start, *members):
                 self._launch(ntasks, chain)(*args)
         return tuple(self.params[i].result(args[i], chunk) for i in self.returns)
 

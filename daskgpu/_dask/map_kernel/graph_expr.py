@@ -31,7 +31,7 @@ from dask.tokenize import _tokenize_deterministic
 
 from daskgpu._dask.map_kernel.arguments import Out
 from daskgpu._dask.map_kernel.chunk_task import run_chunk
-from daskgpu._dask.map_kernel.graph_hlg import HLGLayer, embeds, unified
+from daskgpu._dask.map_kernel.graph_hlg import HLGLayer, _runs_per_axis, embeds, unified
 
 __all__ = ["ExprLayer", "LaunchKey", "MapKernel", "Placeholder"]
 
@@ -94,6 +94,48 @@ class Placeholder(ArrayExpr):
         return {}
 
 
+class Joined(ArrayExpr):
+    """An array's neighbouring chunks joined into larger ones (``chunks``, each a run of
+    whole chunks of ``array``): a task per new chunk that concatenates its blocks.
+
+    What a grouped map gives an input that does not read its groups itself. Unlike
+    ``array.rechunk(chunks)``, it needs no lowering, so a map's expression lowers fully
+    under ``dask.optimize`` and graph inspection (Dask's ``Rechunk`` expression has no
+    ``npartitions`` there: ``dask.optimize(da.arange(8, chunks=2).rechunk(4))`` fails).
+    """
+
+    _parameters = ["array", "chunks"]
+
+    @functools.cached_property
+    def _meta(self):
+        return self.array._meta
+
+    def _layer(self) -> dict:
+        import itertools
+
+        from dask._task_spec import Alias, List, Task, TaskRef
+        from dask.array.core import concatenate3
+
+        source = self.array
+        runs = _runs_per_axis(source, self.operand("chunks"))
+
+        def nested(group, axis=0, index=()):
+            if axis == len(runs):
+                return TaskRef((source._name, *index))
+            return List(*(nested(group, axis + 1, index + (b,))
+                          for b in runs[axis][group[axis]]))
+
+        graph = {}
+        for group in itertools.product(*(range(len(r)) for r in runs)):
+            key = (self._name, *group)
+            members = [runs[ax][g] for ax, g in enumerate(group)]
+            if all(len(m) == 1 for m in members):  # one chunk: the same block, no copy
+                graph[key] = Alias(key, (source._name, *(m[0] for m in members)))
+            else:
+                graph[key] = Task(key, concatenate3, nested(group))
+        return graph
+
+
 class ExprLayer:
     """Building blocks of a map on array expressions (see :mod:`.graph_hlg`'s ``HLGLayer``)."""
 
@@ -119,7 +161,8 @@ class ExprLayer:
     def regroup(array, chunks):
         """``array`` with larger chunks, neighbours merged. An array read by
         ``da.from_array`` (or a batch's zarr input) reads the larger pieces itself, so
-        the grouping adds no task; any other gets a rechunk."""
+        the grouping adds no task; any other is joined by a task per group
+        (:class:`Joined`)."""
         from dask.array._array_expr._collection import new_collection
         from dask.array._array_expr._io import FromArray
 
@@ -128,6 +171,8 @@ class ExprLayer:
             return new_collection(Placeholder(chunks, expr._meta))
         if isinstance(expr, FromArray):
             return new_collection(expr.substitute_parameters({"chunks": chunks}))
+        if _runs_per_axis(array, chunks) is not None:
+            return new_collection(Joined(expr, tuple(map(tuple, chunks))))
         return array.rechunk(chunks)
 
     @staticmethod
