@@ -38,6 +38,7 @@ from daskgpu._compiler.analysis import _grid_call, _writes_first_argument
 
 # CUDA's own coordinates: the block and the thread within it move with a launch's start.
 _COORDINATES = frozenset({"threadIdx", "blockIdx", "blockDim", "gridDim", "laneid"})
+_AXES = {"x": 0, "y": 1, "z": 2}
 _COMPARE = {operator.lt: "<", operator.le: "<=", operator.gt: ">", operator.ge: ">=",
             operator.eq: "==", operator.ne: "!="}
 _SWAPPED = {"<": ">", "<=": ">=", ">": "<", ">=": "<=", "==": "==", "!=": "!="}
@@ -152,7 +153,7 @@ class _Walk:
             v = value.value
             if getattr(v, "__module__", None) == "numba.cuda.stubs" and \
                     getattr(v, "__name__", None) in _COORDINATES:  # from numba.cuda import ...
-                self.use("never", f"reads cuda.{v.__name__}, which moves with a launch's start")
+                return frozenset({("dim3", v.__name__)})
             return frozenset({("const", v)}) if _is_int(v) else frozenset()
         if isinstance(value, ir.Var):
             return self.of(value)
@@ -227,6 +228,10 @@ class _Walk:
                     self._plain_kind(kk)
         elif tag == "lin":
             self._resolve(dict(k[1]))
+        elif tag in _COORDINATES or tag in ("dim3", "start"):
+            name = k[1] if tag == "dim3" else tag if tag != "start" else "blockIdx * blockDim"
+            self.use("never", f"uses cuda.{name}, which moves with a launch's start, other "
+                              "than in blockIdx * blockDim + threadIdx")
         elif tag in ("pos", "grid", "gsize", "gsizes", "range", "iter", "pair"):
             self.use("never", "uses the thread's position as a value")
 
@@ -316,10 +321,12 @@ class _Walk:
                     out.add(("shape", k[1]))
                 elif attr not in ("ndim", "dtype", "itemsize", "nbytes", "strides", "layout"):
                     self.use("whole", k[1])
+            elif k[0] == "dim3" and attr in _AXES:
+                out.add((k[1], _AXES[attr]))
             else:
                 self._plain_kind(k)
         if attr in _COORDINATES and _is_cuda_module(self.typemap.get(var.name)):
-            self.use("never", f"reads cuda.{attr}, which moves with a launch's start")
+            out.add(("dim3", attr))
         return frozenset(out)
 
     def _getitem(self, var, index, static) -> frozenset:
@@ -458,6 +465,9 @@ def _combined(fn, a, b):
     operands as plain values."""
     if fn is not operator.mul:
         sign = 1 if fn is operator.add else -1
+        if sign > 0 and a is not None and b is not None and {a[0], b[0]} == {
+                "start", "threadIdx"} and a[1] == b[1]:
+            return ("pos", a[1], 0)  # blockIdx.x * blockDim.x + threadIdx.x, as cuda.grid(1)
         if a is not None and b is not None:
             if a[0] in ("pos", "ext") and b[0] == "const":
                 return a[:-1] + (a[-1] + sign * b[1],)
@@ -474,6 +484,9 @@ def _combined(fn, a, b):
         return ("lin", tuple(sorted((s, w) for s, w in terms.items() if w)))
     if a is not None and b is not None and a[0] == "const" and b[0] == "const":
         return ("const", a[1] * b[1])
+    if a is not None and b is not None and {a[0], b[0]} == {"blockIdx", "blockDim"} \
+            and a[1] == b[1]:
+        return ("start", a[1])  # the first thread of this block along an axis
     for k, factor in ((a, b), (b, a)):
         if factor is not None and factor[0] == "const" and _linear(k):
             return ("lin", tuple(sorted((s, w * factor[1]) for s, w in _linear(k).items()
