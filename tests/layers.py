@@ -28,7 +28,7 @@ def launch_restrictions(client) -> dict:
     launch, read as the scheduler holds them (on either layer, whatever a persisted
     collection's keys are called: Dask's expressions alias them)."""
     def read(dask_scheduler):
-        from daskgpu._dask.placement import runs_launch
+        from daskgpu._dask.launch_core.walk import runs_launch
 
         return {ts.key: ts.resource_restrictions for ts in dask_scheduler.tasks.values()
                 if ts.run_spec is not None and runs_launch(ts.run_spec)}

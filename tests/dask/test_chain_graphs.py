@@ -18,6 +18,7 @@ from numba import cuda
 
 import daskgpu as dg
 from daskgpu import _config
+from daskgpu._dask.launch_core.task import run_chunk
 from daskgpu._dask.map_kernel import chunk_task
 from daskgpu._errors import ConfigError
 from daskgpu._runtime import backends
@@ -65,7 +66,7 @@ def _expected(xn, scalars):
 def _fused(z):
     """The fused launch of ``z``'s first task (a small graph carries it in each)."""
     task = dict(z.__dask_graph__())[(z.name,) + (0,) * z.ndim]
-    assert task.func is chunk_task.run_chunk
+    assert task.func is run_chunk
     fused = task.args[0].value
     assert isinstance(fused, chunk_task.Fused)
     return fused

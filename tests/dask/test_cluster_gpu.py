@@ -46,7 +46,7 @@ from numba import cuda
 
 import daskgpu as dg
 from daskgpu import _config
-from daskgpu._dask.placement import runs_launch
+from daskgpu._dask.launch_core.walk import runs_launch
 
 _config.register()
 

@@ -15,8 +15,8 @@ from numba import cuda
 from numba.cuda.random import xoroshiro128p_uniform_float32
 
 import daskgpu as dg
+from daskgpu._dask.launch_core.walk import runs_launch
 from daskgpu._dask.map_kernel.plan import group_chunks
-from daskgpu._dask.placement import runs_launch
 
 pytestmark = pytest.mark.grouped
 

@@ -13,7 +13,7 @@ from numba import cuda
 from numba.cuda.random import xoroshiro128p_uniform_float32
 
 import daskgpu as dg
-from daskgpu._dask.placement import GPU_MEMORY
+from daskgpu._dask.launch_core.resources import GPU_MEMORY
 
 dg._config.register()  # before dask.config.set, so the defaults outlive its blocks
 
@@ -319,7 +319,7 @@ def test_on_a_gpu_large_chunks_run_one_at_a_time_and_small_ones_four_at_a_time()
 
 
 def test_a_margin_at_or_above_the_device_memory_is_refused_not_an_offer_of_nothing():
-    from daskgpu._dask.placement import memory_offer
+    from daskgpu._dask.launch_core.resources import memory_offer
 
     # device-memory unset: this module's cluster sets it while it is open.
     with dask.config.set({"daskgpu.device-memory-margin": "2GiB",

@@ -23,6 +23,7 @@ import numpy as np
 
 from daskgpu._config import flag
 from daskgpu._dask.cluster_facts import check_chunk_fits
+from daskgpu._dask.launch_core.resources import GPU, GPU_MEMORY, LAUNCH_SHARE
 from daskgpu._dask.map_kernel.arguments import Out, offset
 from daskgpu._dask.map_kernel.chains import ChainLink, chains, fuse
 from daskgpu._dask.map_kernel.chunk_params import (
@@ -36,7 +37,6 @@ from daskgpu._dask.map_kernel.graph_hlg import HLGLayer
 from daskgpu._dask.map_kernel.keywords import check_chunks
 from daskgpu._dask.map_kernel.plan import MapPlan, plan_map
 from daskgpu._dask.map_kernel.reduction import mapped_axes
-from daskgpu._dask.placement import GPU, GPU_MEMORY, LAUNCH_SHARE
 from daskgpu._image.random_states import STATE_DTYPE
 
 __all__ = ["Out", "graph_layer", "map_kernel", "offset"]

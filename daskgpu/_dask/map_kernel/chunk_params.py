@@ -33,6 +33,7 @@ import numpy as np
 from dask._task_spec import DataNode
 from dask.layers import ArrayBlockwiseDep
 
+from daskgpu._dask.launch_core.task import ChunkPlace
 from daskgpu._image.array_info import Zeroed
 from daskgpu._runtime.launch import unwrap
 
@@ -118,10 +119,11 @@ class ChunkContext(NamedTuple):
 
 
 class ChunkPlaces(ArrayBlockwiseDep):
-    """Where each block lies, handed to its task alone: ``(block id, shape, start)``.
+    """Where each block lies, handed to its task alone: a
+    :class:`~daskgpu._dask.launch_core.task.ChunkPlace` ``(block id, shape, start)``.
 
     A ``BlockwiseDep`` of the launch layer: dask calls ``places[block_id]``
-    as it builds each task and puts just that block's plain tuple of ints in
+    as it builds each task and puts just that block's place (a small record of ints) in
     it, so a task's size does not grow with the number of chunks.
 
     Parameters
@@ -134,7 +136,7 @@ class ChunkPlaces(ArrayBlockwiseDep):
     Examples
     --------
     >>> places = ChunkPlaces(((2, 2), (3,)), ((0, 2), (0,)))
-    >>> places[1, 0]
+    >>> tuple(places[1, 0])
     ((1, 0), (2, 3), (2, 0))
     """
 
@@ -142,10 +144,10 @@ class ChunkPlaces(ArrayBlockwiseDep):
         super().__init__(tuple(tuple(int(c) for c in axis) for axis in chunks))
         self.starts = tuple(tuple(int(s) for s in axis) for axis in starts)
 
-    def __getitem__(self, idx: tuple):
+    def __getitem__(self, idx: tuple) -> ChunkPlace:
         idx = tuple(int(i) for i in idx)
-        return (idx, tuple(c[i] for c, i in zip(self.chunks, idx)),
-                tuple(s[i] for s, i in zip(self.starts, idx)))
+        return ChunkPlace(idx, tuple(c[i] for c, i in zip(self.chunks, idx)),
+                          tuple(s[i] for s, i in zip(self.starts, idx)))
 
     def get(self, idx: tuple, default=None):
         """Block ``idx``'s place as the task's argument: a ``DataNode`` already.
@@ -157,7 +159,7 @@ class ChunkPlaces(ArrayBlockwiseDep):
         Examples
         --------
         >>> ChunkPlaces(((2, 2),), ((0, 2),)).get((1,)).value
-        ((1,), (2,), (2,))
+        ChunkPlace(block_id=(1,), shape=(2,), start=(2,))
         """
         return DataNode(None, self[idx])
 

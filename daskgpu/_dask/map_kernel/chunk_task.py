@@ -2,9 +2,11 @@
 
 A :class:`ChunkLaunch` holds the PTX-only kernel plus one small parameter
 object per kernel parameter (:mod:`daskgpu._dask.map_kernel.chunk_params`), so a worker
-needs no compiler and no Python function. Each task runs :func:`run_chunk` on
-it, its chunks and values, and its last argument says where its chunk lies
-(block id, shape, start), so a task carries nothing about the other chunks.
+needs no compiler and no Python function. Each task runs the launch core's
+:func:`~daskgpu._dask.launch_core.task.run_chunk` on it, its chunks and values,
+and its last argument says where its chunk lies (a
+:class:`~daskgpu._dask.launch_core.task.ChunkPlace`: block id, shape, start), so a
+task carries nothing about the other chunks.
 In a graph of many chunks it is a key of its own, and the kernel's PTX
 travels to each worker once; a small graph carries it in each task, sparing
 the scheduler a round trip (:func:`~daskgpu._dask.map_kernel.api._launches`).
@@ -33,7 +35,7 @@ from daskgpu._dask.map_kernel.chunk_params import (
 from daskgpu._runtime import backends, faults
 from daskgpu._runtime.launch_task import LaunchTask
 
-__all__ = ["ChunkLaunch", "ChunkMemory", "Fused", "launches", "run_chunk"]
+__all__ = ["ChunkLaunch", "ChunkMemory", "Fused", "launches"]
 
 
 class ChunkMemory(NamedTuple):
@@ -69,17 +71,6 @@ class ChunkMemory(NamedTuple):
     def __add__(self, other):  # two launches in one task (Fused) hold both at once
         return ChunkMemory(self.fixed + other.fixed, self.per_element + other.per_element,
                            max(self.largest, other.largest))
-
-
-def run_chunk(launch, *values):
-    """What a ``map_kernel`` task runs: ``launch`` (a ChunkLaunch or Fused, a key of the
-    graph) on the task's values, the chunk's place last.
-
-    The scheduler's placement and the worker's launch watch know a task by this
-    function, and read the :class:`~daskgpu._runtime.launch_task.LaunchTask` it
-    is handed first.
-    """
-    return launch(*values)
 
 
 class ChunkLaunch(LaunchTask):

@@ -29,8 +29,8 @@ from dask.array._array_expr._blockwise import Blockwise
 from dask.array._array_expr._expr import ArrayExpr
 from dask.tokenize import _tokenize_deterministic
 
+from daskgpu._dask.launch_core.task import run_chunk
 from daskgpu._dask.map_kernel.arguments import Out
-from daskgpu._dask.map_kernel.chunk_task import run_chunk
 from daskgpu._dask.map_kernel.graph_hlg import HLGLayer, embeds, unified
 
 __all__ = ["ExprLayer", "LaunchKey", "MapKernel", "Placeholder"]

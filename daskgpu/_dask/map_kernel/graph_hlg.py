@@ -2,7 +2,7 @@
 
 :class:`HLGLayer` is what :mod:`.api` asks of a graph layer: unify chunks,
 halos and their trimming, the launch layer itself (``da.blockwise`` of
-:func:`~.chunk_task.run_chunk` over the blocks and their places), and the
+:func:`~daskgpu._dask.launch_core.task.run_chunk` over the blocks and their places), and the
 per-chunk outputs' combine, and larger chunks for grouped launches: a
 ``da.from_array`` input read in the groups' pieces (:func:`read_in_groups`),
 any other rechunked. :mod:`.graph_expr` answers the same questions on array
@@ -17,9 +17,9 @@ from itertools import product
 
 import numpy as np
 
+from daskgpu._dask.launch_core.task import run_chunk
 from daskgpu._dask.map_kernel import reduction
 from daskgpu._dask.map_kernel.arguments import Out
-from daskgpu._dask.map_kernel.chunk_task import run_chunk
 
 __all__ = ["EMBED_BYTES", "HLGLayer", "LAUNCH_KEY_ANNOTATION", "embeds", "launch_key",
            "read_in_groups", "unified"]

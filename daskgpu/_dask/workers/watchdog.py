@@ -37,12 +37,12 @@ from dask.utils import key_split
 from distributed.protocol import pickle
 
 from daskgpu import _config
-from daskgpu._dask.placement import launches_in
+from daskgpu._dask.launch_core.walk import held_in, launch_of
 from daskgpu._errors import ContextLostError, LaunchTimeoutError
 from daskgpu._runtime import launch_runs
 
 __all__ = ["GRACE", "PERIOD", "STARTUP", "TOLD", "WATCH_CALLBACK", "LaunchGuard", "LaunchWatch",
-           "close_worker", "launch_of", "lost_context", "timeout_message"]
+           "close_worker", "lost_context", "timeout_message"]
 
 logger = logging.getLogger("daskgpu")
 
@@ -145,17 +145,6 @@ class LaunchWatch:
         return cls(_config.get("launch-timeout"), _config.get("cancel-grace"))
 
 
-def launch_of(run_spec, data) -> object | None:
-    """The :class:`~daskgpu._runtime.launch_task.LaunchTask` a task's spec runs (a
-    ``Launch``, ``ChunkLaunch`` or fused pair), read through references to keys held in
-    ``data`` (a map's launch is a key of its own); None when the task runs none."""
-    def held(key):
-        return data[key] if key in data else None
-
-    return next((launch for _, launch, _ in launches_in(run_spec, held)
-                 if launch is not None), None)
-
-
 def timeout_message(key, limit: float, kernel: str | None = None,
                     stopped: bool = False) -> str:
     """The one line of a task that outlived its limit: the kernel, the chunk, the limit.
@@ -248,7 +237,7 @@ class LaunchGuard:
             return
         task = worker.state.tasks.get(key)
         if finish == "executing":
-            launch = launch_of(task.run_spec, worker.data) if task is not None else None
+            launch = launch_of(task.run_spec, held_in(worker.data)) if task is not None else None
             if launch is not None:
                 watch.started(key, launch.timeout, kernel=launch.kernel_name)
         elif getattr(task, "state", None) == "executing":
