@@ -16,7 +16,8 @@ from daskgpu._bounded import BoundedCache
 from daskgpu._dask import cluster_facts
 from daskgpu._dask.launch_core.resources import LAUNCH_SHARE
 from daskgpu._dask.map_kernel import api as mapping
-from daskgpu._dask.map_kernel import chunk_task, graph_hlg
+from daskgpu._dask.map_kernel import chunk_task
+from daskgpu._dask.map_kernel.graphs import hlg as graph_hlg
 
 
 def test_the_launch_cache_is_bounded():

@@ -162,7 +162,7 @@ def test_the_launch_and_its_chunk_are_found_inside_fused_tasks(blocks):
 
     from daskgpu._dask.launch_core.asks import device_bytes
     from daskgpu._dask.launch_core.walk import held_in, launch_of
-    from daskgpu._dask.map_kernel.graph_hlg import EMBED_BYTES
+    from daskgpu._dask.map_kernel.graphs.hlg import EMBED_BYTES
 
     with dask.config.set({"daskgpu.simulate": True}):
         x = da.zeros(2 * blocks - 1, chunks=2, dtype=np.float32)  # the last block of 1

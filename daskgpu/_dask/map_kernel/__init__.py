@@ -6,7 +6,7 @@ The feature's modules, in the order a map is built:
   ``dg.offset``, arrays, numbers) and how each kind plans its parameters;
 - :mod:`.selection`: the kernel image and launch rank a map runs;
 - :mod:`.plan`: :class:`~.plan.MapPlan`, everything about one map, built once;
-- :mod:`.graph_hlg` and :mod:`.graph_expr`: the plan as tasks, on Dask's
+- :mod:`.graphs`: the plan as tasks, on Dask's
   HighLevelGraph or on its array expressions (``array.query-planning``);
 - :mod:`.chunk_task` and :mod:`.chunk_params`: what a task runs on a worker;
 - :mod:`.chains`: a map over another map's result, fused into one task;
