@@ -32,6 +32,7 @@ import asyncio
 import logging
 import os
 import time
+from typing import Any, NamedTuple
 
 from dask.utils import key_split
 from distributed.protocol import pickle
@@ -41,8 +42,9 @@ from daskgpu._dask.launch_core.walk import held_in, launch_of
 from daskgpu._errors import ContextLostError, LaunchTimeoutError
 from daskgpu._runtime import launch_runs
 
-__all__ = ["GRACE", "PERIOD", "STARTUP", "TOLD", "WATCH_CALLBACK", "LaunchGuard", "LaunchWatch",
-           "close_worker", "lost_context", "timeout_message"]
+__all__ = ["GRACE", "PERIOD", "STARTUP", "TOLD", "WATCH_CALLBACK", "FailLaunch", "LaunchGuard",
+           "LaunchWatch", "ReplaceWorker", "Seen", "StopLaunch", "close_worker", "decide",
+           "lost_context", "replacement", "timeout_message"]
 
 logger = logging.getLogger("daskgpu")
 
@@ -254,53 +256,170 @@ class LaunchGuard:
         """Fail the launch tasks over their time limit; replace the process whose cancelled
         launch is still running after the grace period.
 
-        On a worker without a nanny, which cannot be replaced, a simulated launch is
-        stopped instead (its threads run Python), so that the worker, and the other
-        workers and the client sharing its process, are not left wedged.
+        What the worker shows is read once (:meth:`seen`), :func:`decide` turns it into
+        decisions, and the guard carries them out (:meth:`carry_out`); whether a
+        cancelled launch is still running once the stops are done decides last
+        (:func:`replacement`).
         """
         watch, worker = self.watch, self.worker
         if not watch or worker is None or self.closing:
             return
+        for decision in decide(watch, self.seen()):
+            self.carry_out(decision)
+        decision = replacement(watch)
+        if decision is not None:
+            self.carry_out(decision)
+
+    def seen(self) -> Seen:
+        """What the worker shows of the watched tasks now, as plain data."""
+        worker, keys = self.worker, self.watch.keys()
         threads = {key: ident for ident, key in
                    dict(getattr(worker, "active_threads", None) or {}).items()}
-        for key in watch.keys():
-            when = launch_runs.started(threads[key]) if key in threads else None
-            if when is not None:
-                watch.launched(key, when)
-        alone = not getattr(worker, "nanny", None)
-        for key, limit in watch.overdue():
-            kernel = watch.kernel(key)
-            watch.ended(key)
-            task = worker.state.tasks.get(key)
-            if task is None or task.state != "executing":
-                continue
-            stopped = alone and key in threads and launch_runs.stop(threads[key])
-            if stopped:
-                self._stopped.add(key)
-            # Raised into the task's state, not its thread, which may never return; the
-            # error's transition then closes the worker, as for a lost context.
-            from distributed.worker_state_machine import ExecuteFailureEvent
+        runs = {key: when for key in keys if key in threads
+                and (when := launch_runs.started(threads[key])) is not None}
+        tasks = {key: worker.state.tasks.get(key) for key in keys}
+        return Seen(threads=threads, runs=runs,
+                    states={key: getattr(task, "state", None) for key, task in tasks.items()},
+                    cancelled_running=frozenset(k for k, t in tasks.items()
+                                                if _still_running(t)),
+                    alone=not getattr(worker, "nanny", None))
 
-            worker.handle_stimulus(ExecuteFailureEvent.from_exception(
-                LaunchTimeoutError(timeout_message(key, limit, kernel, stopped)), key=key,
-                run_id=task.run_id, start=task.start_time, stop=time.time(),
-                stimulus_id=f"daskgpu-launch-timeout-{time.time()}"))
-        for key in watch.stuck():
-            task = worker.state.tasks.get(key)
-            if getattr(task, "state", None) == "executing":
-                watch.resumed(key)  # wanted again: its time limit holds as before
-            elif not _still_running(task):
-                watch.ended(key)  # its thread returned within the grace after all
-            elif alone and key in threads and launch_runs.stop(threads[key]):
-                watch.ended(key)  # stopped: its thread returns now
-        stuck = watch.stuck()
-        if stuck and not self.closing:
-            self.closing = True
-            logger.error("daskgpu: cancelled launch task(s) %s still run %.3g s after being "
-                         "cancelled (daskgpu.cancel-grace); closing worker %s so its nanny "
-                         "starts a fresh process and the GPU is free", stuck, watch.grace,
-                         worker.address)
-            worker.loop.call_later(0, close_worker, worker, True)
+    def carry_out(self, decision) -> None:
+        """Do what a decision of :func:`decide` or :func:`replacement` says."""
+        worker = self.worker
+        match decision:
+            case FailLaunch(key, limit, kernel, thread):
+                task = worker.state.tasks.get(key)
+                if task is None:
+                    return
+                stopped = thread is not None and launch_runs.stop(thread)
+                if stopped:
+                    self._stopped.add(key)
+                # Raised into the task's state, not its thread, which may never return;
+                # the error's transition then closes the worker, as for a lost context.
+                from distributed.worker_state_machine import ExecuteFailureEvent
+
+                worker.handle_stimulus(ExecuteFailureEvent.from_exception(
+                    LaunchTimeoutError(timeout_message(key, limit, kernel, stopped)),
+                    key=key, run_id=task.run_id, start=task.start_time, stop=time.time(),
+                    stimulus_id=f"daskgpu-launch-timeout-{time.time()}"))
+            case StopLaunch(key, thread):
+                if launch_runs.stop(thread):
+                    self.watch.ended(key)  # stopped: its thread returns now
+            case ReplaceWorker(keys, grace):
+                if self.closing:
+                    return
+                self.closing = True
+                logger.error("daskgpu: cancelled launch task(s) %s still run %.3g s after "
+                             "being cancelled (daskgpu.cancel-grace); closing worker %s so "
+                             "its nanny starts a fresh process and the GPU is free",
+                             list(keys), grace, worker.address)
+                worker.loop.call_later(0, close_worker, worker, True)
+
+
+class Seen(NamedTuple):
+    """What one look of the guard reads off its worker, as plain data.
+
+    Attributes
+    ----------
+    threads : dict
+        ``{key: thread id}`` of the tasks running in the worker's threads.
+    runs : dict
+        ``{key: when}``: when the launch of each watched task began its own run.
+    states : dict
+        ``{key: the worker's state of the task}`` of each watched task (None: gone).
+    cancelled_running : frozenset
+        The watched tasks cancelled while their thread runs on.
+    alone : bool
+        The worker has no nanny: it cannot be replaced, but a simulated launch can
+        be stopped.
+    """
+
+    threads: dict
+    runs: dict
+    states: dict
+    cancelled_running: frozenset
+    alone: bool
+
+
+class FailLaunch(NamedTuple):
+    """Fail the task ``key`` over its time ``limit`` with a LaunchTimeoutError naming
+    ``kernel``; first stop its simulated launch in ``thread``, where that is given."""
+
+    key: Any
+    limit: float
+    kernel: str | None
+    thread: int | None
+
+
+class StopLaunch(NamedTuple):
+    """Stop the launch of the cancelled task ``key`` running on in ``thread`` (a worker
+    without a nanny); once stopped, it is no longer watched."""
+
+    key: Any
+    thread: int
+
+
+class ReplaceWorker(NamedTuple):
+    """Close the worker at once so that its nanny starts a fresh process: the cancelled
+    launch tasks ``keys`` still run ``grace`` seconds after they were cancelled."""
+
+    keys: tuple
+    grace: float
+
+
+def decide(watch: LaunchWatch, seen: Seen, now: float | None = None) -> list:
+    """What to do about the watched launches, given what the worker shows: a
+    :class:`FailLaunch` for each task over its limit, a :class:`StopLaunch` for each
+    cancelled one still running past the grace on a worker without a nanny.
+
+    The watch keeps its books as it goes: a failed task is no longer watched, nor a
+    cancelled one whose thread returned; one wanted again is timed again.
+
+    Examples
+    --------
+    >>> watch = LaunchWatch(default_limit=None, grace=2.0)
+    >>> watch.started("k", 1.0, now=0.0, kernel="spin")
+    >>> seen = Seen(threads={"k": 7}, runs={"k": 1.0}, states={"k": "executing"},
+    ...             cancelled_running=frozenset(), alone=False)
+    >>> decide(watch, seen, now=1.5), decide(watch, seen, now=2.5)
+    ([], [FailLaunch(key='k', limit=1.0, kernel='spin', thread=None)])
+    >>> watch.keys()
+    []
+    """
+    for key, when in seen.runs.items():
+        watch.launched(key, when)
+    decisions: list = []
+    for key, limit in watch.overdue(now):
+        kernel = watch.kernel(key)
+        watch.ended(key)
+        if seen.states.get(key) == "executing":
+            thread = seen.threads.get(key) if seen.alone else None
+            decisions.append(FailLaunch(key, limit, kernel, thread))
+    for key in watch.stuck(now):
+        if seen.states.get(key) == "executing":
+            watch.resumed(key)  # wanted again: its time limit holds as before
+        elif key not in seen.cancelled_running:
+            watch.ended(key)  # its thread returned within the grace after all
+        elif seen.alone and key in seen.threads:
+            decisions.append(StopLaunch(key, seen.threads[key]))
+    return decisions
+
+
+def replacement(watch: LaunchWatch, now: float | None = None) -> ReplaceWorker | None:
+    """A :class:`ReplaceWorker` while cancelled launches still run after the grace (those
+    :func:`decide` had stopped are no longer watched); else None.
+
+    Examples
+    --------
+    >>> watch = LaunchWatch(default_limit=None, grace=2.0)
+    >>> watch.started("k", None, now=0.0)
+    >>> watch.cancelled("k", now=1.0)
+    >>> replacement(watch, now=2.0), replacement(watch, now=3.5)
+    (None, ReplaceWorker(keys=('k',), grace=2.0))
+    """
+    stuck = watch.stuck(now)
+    return ReplaceWorker(tuple(stuck), watch.grace) if stuck else None
 
 
 def lost_context(task) -> bool:
