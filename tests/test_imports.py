@@ -260,3 +260,22 @@ def test_the_private_name_check_sees_both_spellings():
                      "_device._thread\n")
     assert _private_names_used(tree, modules) == [
         "from daskgpu._runtime.device import _state", "daskgpu._runtime.device._thread"]
+
+
+def _undocumented_modules() -> dict:
+    """``{package: [its modules and subpackages that its docstring does not name]}``."""
+    missing = {}
+    for init in PACKAGE.rglob("__init__.py"):
+        folder = init.parent
+        doc = ast.get_docstring(ast.parse(init.read_text())) or ""
+        names = [p.stem for p in folder.glob("*.py") if p.name != "__init__.py"]
+        names += [p.name for p in folder.iterdir() if (p / "__init__.py").is_file()]
+        unnamed = sorted(n for n in names if n not in doc)
+        if unnamed:
+            missing[_module_name(init)] = unnamed
+    return missing
+
+
+def test_every_package_docstring_names_its_modules():
+    # A folder's map: a newcomer reads the package's docstring to find a module.
+    assert _undocumented_modules() == {}

@@ -4,6 +4,8 @@ The feature's modules, in the order a map is built:
 
 - :mod:`.arguments` and :mod:`.arg_kinds`: what the user passes (``dg.Out``,
   ``dg.offset``, arrays, numbers) and how each kind plans its parameters;
+- :mod:`.keywords`: the ``da.map_blocks`` keywords (``dtype=``, ``meta=``,
+  ``chunks=``), checked, and those it refuses with what does the same;
 - :mod:`.selection`: the kernel image and launch rank a map runs;
 - :mod:`.plan`: :class:`~.plan.MapPlan`, everything about one map, built once;
 - :mod:`.graphs`: the plan as tasks, on Dask's
