@@ -153,6 +153,9 @@ NEVER = {
                             _DASK + "cluster"),
     _DASK + "placement": (*_FEATURES, _DASK + "workers", _DASK + "cluster"),
     _DASK + "workers": (*_FEATURES, _DASK + "placement", _DASK + "cluster"),
+    # The client's arguments borrow nothing from what a task runs on a worker.
+    _DASK + "map_kernel.arguments": (_DASK + "map_kernel.chunk_params",
+                                     _DASK + "map_kernel.chunk_task"),
 }
 
 

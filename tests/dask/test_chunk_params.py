@@ -213,7 +213,7 @@ def test_parameters_are_frozen_and_pickle_small(param):
 
 
 def test_a_record_dtype_keeps_its_fields():
-    from daskgpu._dask.map_kernel.chunk_params import plain_dtype
+    from daskgpu._dask.map_kernel.arrays import plain_dtype
 
     record = np.dtype([("a", "<f4"), ("b", "<i8")])
     assert plain_dtype(np.float32) == "<f4" and plain_dtype(record) == record

@@ -10,6 +10,7 @@ import dask.array as da
 import numpy as np
 import pytest
 from kit.kernels import saxpy, smooth
+from kit.kernels import scale_lazy as scale
 from layers import EXPRESSIONS, hlg_only
 from numba import cuda
 from numba.cuda.random import xoroshiro128p_uniform_float32
@@ -19,13 +20,6 @@ from daskgpu._dask.launch_core.walk import runs_launch
 from daskgpu._dask.map_kernel.plan import group_chunks
 
 pytestmark = pytest.mark.grouped
-
-
-@dg.jit
-def scale(out, a, x):
-    i = cuda.grid(1)
-    if i < out.size:
-        out[i] = a * x[i]
 
 
 @dg.jit

@@ -20,24 +20,14 @@ import pytest
 from dask.utils import key_split
 from distributed import Client, get_task_stream, wait
 from distributed.diagnostics.plugin import SchedulerPlugin
+from kit.kernels import scale
 from layers import EXPRESSIONS, hlg_only, launch_restrictions
-from numba import cuda
 
 import daskgpu as dg
-from daskgpu import _config
 from daskgpu._dask.launch_core.resources import LAUNCH_SHARE
 from daskgpu._dask.launch_core.walk import runs_launch
 from daskgpu._dask.placement import GPUPlacement
 from daskgpu._runtime.launch_task import LaunchTask
-
-_config.register()
-
-
-@dg.jit("void(float32[::1], float32, float32[::1])")
-def scale(out, a, x):
-    i = cuda.grid(1)
-    if i < out.size:
-        out[i] = a * x[i]
 
 
 def _start(argv, env, log):

@@ -9,22 +9,14 @@ import dask.array as da
 import numpy as np
 import pytest
 from distributed import Client, get_task_stream, wait
+from kit.kernels import double
 from numba import cuda
 from numba.cuda.random import xoroshiro128p_uniform_float32
 
 import daskgpu as dg
 from daskgpu._dask.launch_core.resources import GPU_MEMORY
 
-dg._config.register()  # before dask.config.set, so the defaults outlive its blocks
-
 OFFER = 64 * 1024  # a simulated device of 64 KiB
-
-
-@dg.jit("void(float32[::1], float32[::1])")
-def double(out, x):
-    i = cuda.grid(1)
-    if i < out.size:
-        out[i] = 2 * x[i]
 
 
 @pytest.fixture(scope="module")

@@ -11,6 +11,7 @@ The feature's modules, in the order a map is built:
 - :mod:`.graphs`: the plan as tasks, on Dask's
   HighLevelGraph or on its array expressions (``array.query-planning``);
 - :mod:`.chunk_task` and :mod:`.chunk_params`: what a task runs on a worker;
+- :mod:`.arrays`: what both halves ask of an array (CuPy or NumPy, its dtype);
 - :mod:`.chains`: a map over another map's result, fused into one task;
 - :mod:`.reduction`: per-chunk outputs combined across chunks;
 - :mod:`.api`: :func:`map_kernel` itself, which validates and delegates.

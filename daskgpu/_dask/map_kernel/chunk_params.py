@@ -34,55 +34,17 @@ from dask._task_spec import DataNode
 from dask.layers import ArrayBlockwiseDep
 
 from daskgpu._dask.launch_core.task import ChunkPlace
+
+# What both halves of a map ask of arrays; is_cupy is named here for the plan's import.
+from daskgpu._dask.map_kernel.arrays import is_cupy  # noqa: F401
 from daskgpu._image.array_info import Zeroed
 from daskgpu._runtime.launch import unwrap
 
 __all__ = [
     "ChunkContext", "ChunkParam", "ChunkPlaces", "FlatChunkParam", "FlatOutParam", "FlatView",
     "OffsetParam", "OutParam", "PerChunkParam", "StatesParam", "ValueParam", "WholeParam",
-    "array_module", "flat_view", "fresh", "is_cupy", "native_fix", "plain_dtype",
+    "flat_view", "fresh",
 ]
-
-
-def is_cupy(value) -> bool:
-    """Whether ``value`` is a CuPy array (told by its type's module: CuPy is not imported)."""
-    return type(value).__module__.partition(".")[0] == "cupy"
-
-
-def array_module(use_cupy: bool):
-    """CuPy when ``use_cupy``, else NumPy: the module a chunk's outputs are made with."""
-    if use_cupy:
-        import cupy
-
-        return cupy
-    return np
-
-
-def plain_dtype(dtype):
-    """``dtype`` as its short string, which pickles small, unless that loses record fields."""
-    dtype = np.dtype(dtype)
-    return dtype.str if dtype.fields is None else dtype
-
-
-def native_fix(dtype) -> str | None:
-    """The ``.astype(...)`` that makes ``dtype`` native, when it is not; else None.
-
-    Examples
-    --------
-    >>> native_fix(">f4"), native_fix("<f4")
-    (".astype('float32')", None)
-    """
-    dtype = np.dtype(dtype)
-    if _native(dtype):
-        return None
-    native = dtype.newbyteorder("=")
-    return f".astype({(native.name if native.fields is None else native.descr)!r})"
-
-
-def _native(dtype: np.dtype) -> bool:
-    if dtype.fields is not None:
-        return all(_native(f[0]) for f in dtype.fields.values())
-    return (dtype.subdtype[0] if dtype.subdtype is not None else dtype).isnative
 
 
 class ChunkContext(NamedTuple):

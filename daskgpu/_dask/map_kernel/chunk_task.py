@@ -24,13 +24,12 @@ from typing import NamedTuple
 import numpy as np
 
 from daskgpu._bounded import BoundedCache
+from daskgpu._dask.map_kernel.arrays import array_module, is_cupy
 from daskgpu._dask.map_kernel.chunk_params import (
     ChunkContext,
     ChunkParam,
     OutParam,
     ValueParam,
-    array_module,
-    is_cupy,
 )
 from daskgpu._runtime import backends, faults
 from daskgpu._runtime.launch_task import LaunchTask

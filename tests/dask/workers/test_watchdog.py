@@ -7,6 +7,7 @@ import dask
 import numpy as np
 import pytest
 from distributed import Client
+from kit.kernels import double
 from numba import cuda
 
 import daskgpu as dg
@@ -21,8 +22,6 @@ from daskgpu._dask.workers.watchdog import (
     replacement,
 )
 
-dg._config.register()  # before dask.config.set, so the defaults outlive its blocks
-
 
 @dg.jit("void(int64[::1])")
 def spin(flag):
@@ -31,13 +30,6 @@ def spin(flag):
     while flag[0] == 0:
         if i > 1 << 40:
             flag[0] = 1
-
-
-@dg.jit("void(float32[::1], float32[::1])")
-def double(out, x):
-    i = cuda.grid(1)
-    if i < out.size:
-        out[i] = 2 * x[i]
 
 
 def _addresses(client):
