@@ -9,5 +9,6 @@ module                   what it holds
 ``prometheus``           daskgpu's figures at a worker's Prometheus endpoint
 ``device_facts``         the device's facts: read at setup, sent, offered as memory
 ``watchdog``             time limits, cancelled and lost launches: the launch guard
+``launch_watch``         the running launches' limits, and the guard's decisions
 =======================  ==========================================================
 """

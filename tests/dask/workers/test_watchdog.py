@@ -11,7 +11,7 @@ from kit.kernels import double
 from numba import cuda
 
 import daskgpu as dg
-from daskgpu._dask.workers.watchdog import (
+from daskgpu._dask.workers.launch_watch import (
     STARTUP,
     FailLaunch,
     LaunchWatch,
