@@ -47,9 +47,8 @@ def kind_of(obj) -> KernelKind:
 
     Examples
     --------
-    >>> kind_of(len), kind_of("saxpy.dgk"), kind_of(42)
-    (<KernelKind.OTHER: 'no kernel'>, <KernelKind.BUNDLE: 'the path of a kernel bundle'>, \
-<KernelKind.OTHER: 'no kernel'>)
+    >>> kind_of("saxpy.dgk").name, kind_of(len).name, kind_of(42).value
+    ('BUNDLE', 'OTHER', 'no kernel')
     >>> def double(out, x):
     ...     out[0] = 2 * x[0]
     >>> kind_of(double).name
