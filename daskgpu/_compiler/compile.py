@@ -12,13 +12,13 @@ from numba.cuda.compiler import compile_cuda, kernel_fixup
 
 from daskgpu import _config
 from daskgpu._compiler.analysis import analyse
-from daskgpu._compiler.positions import position_uses
 from daskgpu._compiler.link_inputs import (
     BFLOAT16_MIN_CC,
     implicit_links,
     link_inputs,
     uses_bfloat16_shims,
 )
+from daskgpu._compiler.positions import position_uses
 from daskgpu._compiler.signatures import to_argspec
 from daskgpu._compiler.target import compiling_for
 from daskgpu._errors import CompileError

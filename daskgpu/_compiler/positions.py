@@ -34,7 +34,7 @@ import operator
 from numba.cuda import types
 from numba.cuda.core import ir
 
-from daskgpu._compiler.analysis import _grid_call, _writes_first_argument
+from daskgpu._compiler.analysis import grid_call, writes_first_argument
 
 # CUDA's own coordinates: the block and the thread within it move with a launch's start.
 _COORDINATES = frozenset({"threadIdx", "blockIdx", "blockDim", "gridDim", "laneid"})
@@ -374,13 +374,13 @@ class _Walk:
     def _call(self, expr) -> frozenset:
         fn_type = self.typemap.get(expr.func.name)
         args = list(expr.args)
-        grid = _grid_call(fn_type)
+        grid = grid_call(fn_type)
         if grid is not None:
             n = next((k[1] for k in self.of(args[0]) if k[0] == "const"), 1) if args else 1
             if grid == "grid":
                 return frozenset({("pos", 0, 0)} if n == 1 else {("grid", n)})
             return frozenset({("gsize", 0)} if n == 1 else {("gsizes", n)})
-        if _writes_first_argument(fn_type) or _cache_hinted_load(fn_type):
+        if writes_first_argument(fn_type) or _cache_hinted_load(fn_type):
             # cuda.atomic.add(out, i, v), cuda.ldcg(x, i): an index into the first argument.
             if args:
                 for k in self.of(args[0]):

@@ -17,7 +17,8 @@ from collections.abc import Mapping
 from typing import NamedTuple
 
 from daskgpu._bounded import BoundedCache
-from daskgpu._dask.placement import GPU, GPU_MEMORY, ensure_placement
+from daskgpu._dask.launch_core.resources import GPU, GPU_MEMORY
+from daskgpu._dask.placement import ensure_placement
 from daskgpu._dask.workers.plugin import DEVICE_METRIC, SIMULATED_METRIC
 from daskgpu._errors import PTXVersionError
 from daskgpu._image.ptx import max_ptx_isa, ptx_isa_version

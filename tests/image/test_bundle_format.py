@@ -21,8 +21,6 @@ from daskgpu._image.bundle import (
     read_bundle_bytes,
 )
 
-dg._config.register()
-
 
 def _rewrite(path, mutate, rehash=True):
     """Apply ``mutate`` to the bundle document; recompute the hash as a forger would."""

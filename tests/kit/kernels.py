@@ -19,6 +19,9 @@ import daskgpu as dg
 
 SAXPY_SIG = "void(float32[::1], float32, float32[::1], float32[::1])"
 AFFINE_SIG = "void(float64[::1], float64, float64[::1])"
+SCALE_SIG = "void(float32[::1], float32, float32[::1])"
+SCALE64_SIG = "void(float64[::1], float64, float64[::1])"
+DOUBLE_SIG = "void(float32[::1], float32[::1])"
 
 SAXPY_FILE = '''
 from numba import cuda
@@ -49,6 +52,30 @@ def saxpy(out, a, x, y):
 
 #: The same function compiled lazily, for the argument types of each first launch.
 saxpy_lazy = dg.jit(saxpy.py_func)
+
+
+@dg.jit(SCALE_SIG)
+def scale(out, a, x):
+    """``out = a * x`` in float32."""
+    i = cuda.grid(1)
+    if i < out.size:
+        out[i] = a * x[i]
+
+
+#: The same function in float64.
+scale64 = dg.jit(SCALE64_SIG)(scale.py_func)
+
+#: The same function compiled lazily, for the argument types of each first launch. A
+#: test that counts what a lazy kernel compiled makes its own: ``dg.jit(scale.py_func)``.
+scale_lazy = dg.jit(scale.py_func)
+
+
+@dg.jit(DOUBLE_SIG)
+def double(out, x):
+    """``out = 2 * x`` in float32."""
+    i = cuda.grid(1)
+    if i < out.size:
+        out[i] = 2 * x[i]
 
 
 @dg.jit(AFFINE_SIG)

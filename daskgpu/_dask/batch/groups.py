@@ -182,7 +182,7 @@ def plan_layout(shape, chunksize, dtypes, group, cluster) -> Layout:
     --------
     >>> from daskgpu._dask.cluster_facts import ClusterFacts
     >>> f4 = np.dtype("float32")
-    >>> plan_layout((1 << 20,), (1024,), [f4, f4], "1 MiB", ClusterFacts()).per_task
+    >>> plan_layout((1 << 24,), (1024,), [f4, f4], "1 MiB", ClusterFacts()).per_task
     (128,)
     >>> plan_layout((40 * 1024,), (1024,), [f4, f4], "1 MiB", ClusterFacts()).per_task
     (2,)

@@ -236,29 +236,15 @@ def batch_kernel(kernel):
     >>> batch_kernel(double)
     <daskgpu.Kernel double signatures=[]>
     """
-    import inspect
-    import os
+    from daskgpu._compiler.as_kernel import as_kernel
+    from daskgpu._runtime.kernel_kinds import KernelKind, kind_of
 
-    if isinstance(kernel, str | os.PathLike):
-        from daskgpu._runtime.kernel_files import load
-
-        return load(kernel)
-    if hasattr(kernel, "py_func") and hasattr(kernel, "targetoptions"):  # numba.cuda.jit
-        from daskgpu._compiler.kernel import kernel as from_numba
-
-        return from_numba(kernel)
-    if inspect.isfunction(kernel):
-        from daskgpu._compiler.kernel import jit
-
-        return jit(kernel)
-    from daskgpu._runtime.launch import LaunchAPI
-
-    if not isinstance(kernel, LaunchAPI):  # a daskgpu kernel, lazy or PTX only
+    if kind_of(kernel) in (KernelKind.LAUNCH, KernelKind.OTHER):
         raise BatchError(
             f"run_batch takes a kernel: one made by dg.jit or dg.kernel or loaded by "
             f"dg.load, a plain Python function in Numba's CUDA dialect, a numba.cuda.jit "
             f"dispatcher, or the path of a .dgk bundle; got {_shown(kernel)}")
-    return kernel
+    return as_kernel(kernel)
 
 
 def _shown(value) -> str:

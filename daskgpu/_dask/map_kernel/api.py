@@ -3,7 +3,7 @@
 :func:`map_kernel` validates and plans the call once (:func:`.plan.plan_map`,
 a :class:`~.plan.MapPlan`), then builds its tasks on the graph layer that
 ``dask.array`` runs on in this process: the HighLevelGraph
-(:mod:`.graph_hlg`) or array expressions (:mod:`.graph_expr`,
+(:mod:`.graphs.hlg`) or array expressions (:mod:`.graphs.expr`,
 ``array.query-planning``), which answer the same few questions (align the
 chunks, halos, the launch layer, the combine). Each task holds a
 :class:`~.chunk_task.ChunkLaunch`, what runs on the worker, and gets its own
@@ -23,6 +23,7 @@ import numpy as np
 
 from daskgpu._config import flag
 from daskgpu._dask.cluster_facts import check_chunk_fits
+from daskgpu._dask.launch_core.resources import GPU, GPU_MEMORY, LAUNCH_SHARE
 from daskgpu._dask.map_kernel.arguments import Out, offset
 from daskgpu._dask.map_kernel.chains import ChainLink, chains, fuse
 from daskgpu._dask.map_kernel.chunk_params import (
@@ -32,11 +33,11 @@ from daskgpu._dask.map_kernel.chunk_params import (
     StatesParam,
 )
 from daskgpu._dask.map_kernel.chunk_task import ChunkLaunch, ChunkMemory
-from daskgpu._dask.map_kernel.graph_hlg import HLGLayer
+from daskgpu._dask.map_kernel.graphs.hlg import HLGLayer
+from daskgpu._dask.map_kernel.graphs.layer import GraphLayer
 from daskgpu._dask.map_kernel.keywords import check_chunks
 from daskgpu._dask.map_kernel.plan import MapPlan, plan_map
 from daskgpu._dask.map_kernel.reduction import mapped_axes
-from daskgpu._dask.placement import GPU, GPU_MEMORY, LAUNCH_SHARE
 from daskgpu._image.random_states import STATE_DTYPE
 
 __all__ = ["Out", "graph_layer", "map_kernel", "offset"]
@@ -254,13 +255,13 @@ def map_kernel(kernel, *args, depth=None, boundary=None, tpb=0, name=None, grid_
     return _combined(results, plan, layer)
 
 
-def graph_layer():
+def graph_layer() -> GraphLayer:
     """The graph layer that ``dask.array`` runs on here: expressions or HighLevelGraph."""
     if not expressions_enabled():
-        return HLGLayer
-    from daskgpu._dask.map_kernel.graph_expr import ExprLayer
+        return HLGLayer()
+    from daskgpu._dask.map_kernel.graphs.expr import ExprLayer
 
-    return ExprLayer
+    return ExprLayer()
 
 
 def expressions_enabled() -> bool:

@@ -2,7 +2,7 @@
 
 :func:`plan_map` validates the call's arguments and keywords, selects the
 kernel image, plans every kernel parameter and unifies the chunks; what it
-returns is all that the graph builders (:mod:`.graph_hlg`, :mod:`.graph_expr`),
+returns is all that the graph builders (:mod:`.graphs.hlg`, :mod:`.graphs.expr`),
 the reductions and the checks read, so none of them re-derives it.
 """
 
@@ -26,6 +26,7 @@ from daskgpu._dask.launch_layout import (
 )
 from daskgpu._dask.map_kernel.arg_kinds import Planned, check_extras, classify
 from daskgpu._dask.map_kernel.arguments import Out, mapped_rank
+from daskgpu._dask.map_kernel.arrays import is_cupy
 from daskgpu._dask.map_kernel.chunk_params import (
     ChunkParam,
     OffsetParam,
@@ -34,7 +35,6 @@ from daskgpu._dask.map_kernel.chunk_params import (
     StatesParam,
     ValueParam,
     WholeParam,
-    is_cupy,
 )
 from daskgpu._dask.map_kernel.keywords import (
     check_axis_changes,
@@ -207,7 +207,7 @@ def plan_map(kernel, args, *, depth=None, boundary=None, tpb=0, name=None, grid_
              new_axis=None, timeout=None, group=None, chunks=None, layer) -> MapPlan:
     """Validate a ``map_kernel`` call and plan it (see :class:`MapPlan`).
 
-    ``layer`` is the graph layer in use (:mod:`.graph_hlg`, :mod:`.graph_expr`):
+    ``layer`` is the graph layer in use (:mod:`.graphs.hlg`, :mod:`.graphs.expr`):
     its ``align(arrays, ndim)`` unifies the chunks of the dask arrays and
     :class:`Out` placeholders, returning ``(aligned, out_chunks)``, and its
     ``regroup(array, chunks)`` gives an array larger chunks.

@@ -10,22 +10,16 @@ import dask.array as da
 import numpy as np
 import pytest
 from kit.kernels import saxpy, smooth
+from kit.kernels import scale_lazy as scale
 from layers import EXPRESSIONS, hlg_only
 from numba import cuda
 from numba.cuda.random import xoroshiro128p_uniform_float32
 
 import daskgpu as dg
+from daskgpu._dask.launch_core.walk import runs_launch
 from daskgpu._dask.launch_layout import group_chunks
-from daskgpu._dask.placement import runs_launch
 
 pytestmark = pytest.mark.grouped
-
-
-@dg.jit
-def scale(out, a, x):
-    i = cuda.grid(1)
-    if i < out.size:
-        out[i] = a * x[i]
 
 
 @dg.jit
