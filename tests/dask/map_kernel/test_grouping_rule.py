@@ -260,3 +260,47 @@ def test_dask_optimize_takes_a_grouped_map_over_a_creation_function(simulate):
     np.testing.assert_array_equal(optimized.compute(), 3 * np.arange(4096, dtype=np.float32))
     if EXPRESSIONS:
         assert y.persist().numblocks == y.numblocks
+
+
+# -- on a GPU --------------------------------------------------------------------------
+
+@dg.jit(debug=True, opt=False)
+def fails_at_85_debug(out, x, start):
+    i = cuda.grid(1)
+    if i < out.size:
+        if start + i == 85:
+            raise ValueError("element 85 is bad")
+        out[i] = x[i]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", list(CHUNK_DEPENDENT))
+def test_on_a_gpu_chunk_dependent_kernels_give_what_group_false_gives(case):
+    make, _, _ = CHUNK_DEPENDENT[case]
+    x = _x()
+    with dask.config.set({"scheduler": "sync"}):
+        default, apart, warned = _computed(lambda g: make(x, g))
+        assert warned and default.chunks == x.chunks
+        np.testing.assert_array_equal(default.compute(), apart.compute())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", list(SAFE))
+def test_on_a_gpu_grouped_maps_give_what_group_false_gives(case):
+    x = _x()
+    with dask.config.set({"scheduler": "sync"}):
+        grouped = SAFE[case](x)
+        with dask.config.set({"daskgpu.launch-bytes": 0}):
+            apart = SAFE[case](x)
+        np.testing.assert_array_equal(grouped.compute(), apart.compute())
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_a_debug_kernels_error_in_a_grouped_launch_names_the_users_chunk():
+    x = _x(n=160, chunks=16)
+    with dask.config.set({"scheduler": "sync"}):
+        y = dg.map_kernel(fails_at_85_debug, dg.Out(like=x), x, dg.offset, group=True)
+        assert y.numblocks[0] < x.numblocks[0]
+        with pytest.raises(ValueError, match=r"on chunk \(5,\) at offset \(80,\) \(in a "
+                                             r"grouped launch over chunks"):
+            y.compute()
