@@ -95,7 +95,8 @@ class _Walk:
     ``("shape", p)``, ``("gsize", axis)`` / ``("gsizes", n)`` the grid's size,
     ``("range", axis)`` / ``("iter", axis)`` / ``("pair", axis)`` a grid-stride loop,
     ``("const", v)`` an integer constant, ``("tuple", items)`` a built tuple,
-    ``("guard",)`` a comparison. A variable of none of them is plain data.
+    ``("guard",)`` a comparison, ``("int",)`` and ``("top",)`` what a loop widened (see
+    :func:`_widened`). A variable of none of them is plain data.
     """
 
     def __init__(self, type_annotation, param_kinds, depth=0):
@@ -121,7 +122,8 @@ class _Walk:
             for block in self.ta.blocks.values():
                 for stmt in block.body:
                     if isinstance(stmt, ir.Assign):
-                        new = self.kinds.get(stmt.target.name, frozenset()) | self._assigned(stmt)
+                        new = _widened(
+                            self.kinds.get(stmt.target.name, frozenset()) | self._assigned(stmt))
                         if new != self.kinds.get(stmt.target.name, frozenset()):
                             self.kinds[stmt.target.name] = new
                             changed = True
@@ -234,6 +236,8 @@ class _Walk:
                               "than in blockIdx * blockDim + threadIdx")
         elif tag in ("pos", "grid", "gsize", "gsizes", "range", "iter", "pair"):
             self.use("never", "uses the thread's position as a value")
+        elif tag == "top":
+            self.use("never", "changes a value made from the thread's position in a loop")
 
     def _resolve(self, terms):
         """A sum of positions and number parameters used as a value: harmless where each
@@ -456,6 +460,34 @@ class _Walk:
         else:
             for v in stmt.list_vars():
                 self.plain(v)
+
+
+#: The most integer constants, and the most other kinds, a variable keeps before they
+#: widen to ``("int",)`` (an integer of no known value: plain data) and ``("top",)`` (a
+#: value made from the position in a way not followed). A loop that adds to a counter or
+#: a position (``k += 1``, ``i += 1``) makes a new kind each time round; widening, and
+#: each widened kind absorbing what it stands for, is what lets the walk end.
+_MAX_KINDS = 16
+_KEPT = ("arr", "sarg", "shape", "dim3")
+
+
+def _widened(kinds: frozenset) -> frozenset:
+    """``kinds``, with its constants or its other kinds widened where they are too many."""
+    consts = [k for k in kinds if k[0] in ("const", "int")]
+    others = [k for k in kinds if k[0] not in _KEPT and k[0] not in ("const", "int")]
+    if ("int",) not in kinds and len(consts) <= _MAX_KINDS and \
+            ("top",) not in kinds and len(others) <= _MAX_KINDS:
+        return kinds
+    out = {k for k in kinds if k[0] in _KEPT}
+    if ("int",) in kinds or len(consts) > _MAX_KINDS:
+        out.add(("int",))
+    else:
+        out.update(consts)
+    if ("top",) in kinds or len(others) > _MAX_KINDS:
+        out.add(("top",))
+    else:
+        out.update(others)
+    return frozenset(out)
 
 
 def _combined(fn, a, b):

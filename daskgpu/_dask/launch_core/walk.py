@@ -12,10 +12,10 @@ from __future__ import annotations
 
 from dask._task_spec import Alias, DataNode, Task, TaskRef
 
-from daskgpu._dask.launch_core.task import run_chunk
+from daskgpu._dask.launch_core.task import ChunkPlace, run_chunk
 from daskgpu._runtime.launch_task import LaunchTask
 
-__all__ = ["held_in", "launch_of", "launches_in", "resolved", "runs_launch"]
+__all__ = ["held_in", "launch_of", "launches_in", "place_of", "resolved", "runs_launch"]
 
 #: Deep enough for a blockwise-fused task inside a low-level fused one.
 _MAX_DEPTH = 6
@@ -31,6 +31,25 @@ def launch_of(node, lookup) -> LaunchTask | None:
     it runs none (or its launch cannot be found)."""
     return next((launch for _, launch, _ in launches_in(node, lookup)
                  if launch is not None), None)
+
+
+def place_of(node) -> ChunkPlace | None:
+    """The :class:`~.task.ChunkPlace` of the first map task within the task spec ``node``
+    (its last argument, read by type); None where it runs none.
+
+    Examples
+    --------
+    >>> from dask._task_spec import Task
+    >>> place = ChunkPlace((1,), (4,), (4,))
+    >>> place_of(Task("k", run_chunk, "launch", DataNode(None, place))) == place
+    True
+    """
+    for task, _, _ in launches_in(node, lambda key: None):
+        last = task.args[-1] if task.args else None
+        last = last.value if isinstance(last, DataNode) else last
+        if isinstance(last, ChunkPlace):
+            return last
+    return None
 
 
 def held_in(data):

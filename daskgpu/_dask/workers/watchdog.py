@@ -36,7 +36,7 @@ import time
 from dask.utils import key_split
 from distributed.protocol import pickle
 
-from daskgpu._dask.launch_core.walk import held_in, launch_of
+from daskgpu._dask.launch_core.walk import held_in, launch_of, place_of
 from daskgpu._dask.workers.launch_watch import (
     FailLaunch,
     LaunchWatch,
@@ -65,20 +65,32 @@ GRACE = 0.5
 PERIOD = 0.25
 
 def timeout_message(key, limit: float, kernel: str | None = None,
-                    stopped: bool = False) -> str:
+                    stopped: bool = False, place=None) -> str:
     """The one line of a task that outlived its limit: the kernel, the chunk, the limit.
 
     ``kernel`` is the launch's own name (its ``LaunchTask.kernel_name``);
     without it, the task's name stands in. ``stopped``: the launch was stopped
-    (simulated, on a worker without a nanny), and the worker goes on.
+    (simulated, on a worker without a nanny), and the worker goes on. ``place``,
+    the task's :class:`~daskgpu._dask.launch_core.task.ChunkPlace`, names the user's
+    chunks of a grouped launch.
 
     Examples
     --------
     >>> timeout_message(("array-sum", 2), 1.0, kernel="spin_chunk")[:41]
     "kernel 'spin_chunk' on chunk (2,) did not"
+    >>> from daskgpu._dask.launch_core.task import ChunkPlace
+    >>> place = ChunkPlace((1,), (400,), (400,), ((4, 400, (100,) * 4),))
+    >>> timeout_message(("saxpy", 1), 8.0, "saxpy", place=place)[:96]
+    "kernel 'saxpy' on chunks (4,) to (7,) (one grouped launch; map_kernel(group=False) launches \
+each"
     """
     kernel = kernel or key_split(key)
     chunk = f" on chunk {tuple(key[1:])}" if isinstance(key, tuple) and len(key) > 1 else ""
+    if place is not None and place.members is not None:
+        first = tuple(index for index, _, _ in place.members)
+        last = tuple(index + len(sizes) - 1 for index, _, sizes in place.members)
+        chunk = (f" on chunks {first} to {last} (one grouped launch; map_kernel(group=False) "
+                 "launches each alone)")
     then = ("the simulated launch was stopped, and the worker goes on" if stopped else
             "the worker's process is replaced to free its GPU, and its other tasks run again")
     return (f"kernel {kernel!r}{chunk} did not finish within its time limit of {limit:g} s "
@@ -217,7 +229,8 @@ class LaunchGuard:
                 from distributed.worker_state_machine import ExecuteFailureEvent
 
                 worker.handle_stimulus(ExecuteFailureEvent.from_exception(
-                    LaunchTimeoutError(timeout_message(key, limit, kernel, stopped)),
+                    LaunchTimeoutError(timeout_message(key, limit, kernel, stopped,
+                                                       place_of(task.run_spec))),
                     key=key, run_id=task.run_id, start=task.start_time, stop=time.time(),
                     stimulus_id=f"daskgpu-launch-timeout-{time.time()}"))
             case StopLaunch(key, thread):

@@ -23,7 +23,7 @@ def test_its_tasks_are_the_fused_chains_of_the_graph_and_give_the_chain():
         assert len(tasks) == 4
         for i, (launch, values) in enumerate(tasks):
             assert isinstance(launch, Fused) and len(list(launch.steps())) == 3
-            assert values[-1] == ((i,), (64,), (64 * i,))  # the chunk's place, last
+            assert values[-1] == ((i,), (64,), (64 * i,), None)  # the chunk's place, last
             arrays = [v for v in values if isinstance(v, np.ndarray)]
             assert len(arrays) == 4 and len({id(a) for a in arrays}) == 2  # x, and y thrice
             want = xn[64 * i:64 * (i + 1)].astype(np.float64)

@@ -222,7 +222,7 @@ def test_a_record_dtype_keeps_its_fields():
 def test_places_give_each_block_its_own_id_shape_and_start():
     places = ChunkPlaces(((3, 3, 2), (4,)), ((-1, 2, 5), (0,)))
     assert places.numblocks == (3, 1)
-    assert places[2, 0] == ((2, 0), (2, 4), (5, 0))
+    assert places[2, 0] == ((2, 0), (2, 4), (5, 0), None)
     assert pickle.loads(pickle.dumps(places))[1, 0] == places[1, 0]
 
 
@@ -251,7 +251,7 @@ def test_a_tasks_size_does_not_grow_with_the_number_of_chunks():
     assert abs(len(pickle.dumps(small)) - len(pickle.dumps(large))) <= 8
     # Its own chunk's place is all a task learns about the chunking.
     place = large.args[-1].value
-    assert isinstance(place, ChunkPlace) and place == ((9_999,), (4,), (39_996,))
+    assert isinstance(place, ChunkPlace) and place == ((9_999,), (4,), (39_996,), None)
     # Three small tuples, and the record's class by name, which a graph's pickle
     # holds once for all its tasks.
     assert len(pickle.dumps(place)) < 90

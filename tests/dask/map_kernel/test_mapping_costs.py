@@ -207,4 +207,4 @@ def test_a_place_reaches_dask_as_a_data_node_it_need_not_search_for_keys():
 
     places = mapping._places(((4, 4, 2),), ((4, 4, 2),), (0,), (False,))
     node = places.get((2,), None)  # as dask asks
-    assert isinstance(node, DataNode) and node.value == places[2,] == ((2,), (2,), (8,))
+    assert isinstance(node, DataNode) and node.value == places[2,] == ((2,), (2,), (8,), None)

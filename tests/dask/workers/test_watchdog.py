@@ -72,13 +72,17 @@ def test_a_launch_over_its_time_limit_fails_in_one_line_and_the_worker_comes_bac
 
 
 @pytest.mark.slow
-def test_a_map_over_its_time_limit_names_the_chunk(one_worker):
+def test_a_map_over_its_time_limit_names_the_chunks_of_its_launch(one_worker):
     import dask.array as da
 
-    flags = da.zeros(4, chunks=2, dtype=np.int64)
-    z = dg.map_kernel(spin, flags, timeout=1)
-    with pytest.raises(dg.LaunchTimeoutError, match=r"kernel 'spin' on chunk \(\d,\) did not "
-                                                    r"finish within its time limit of 1 s"):
+    # Four chunks of 2 in one grouped launch: its limit is 0.5 s a chunk, 2 s in all.
+    flags = da.zeros(8, chunks=2, dtype=np.int64)
+    z = dg.map_kernel(spin, flags, timeout=0.5, group="1 KiB")
+    assert z.numblocks == (1,)
+    with pytest.raises(dg.LaunchTimeoutError,
+                       match=r"kernel 'spin' on chunks \(0,\) to \(3,\) \(one grouped launch; "
+                             r"map_kernel\(group=False\) launches each alone\) did not finish "
+                             r"within its time limit of 2 s"):
         one_worker.compute(z).result(timeout=60)
 
 
