@@ -28,7 +28,6 @@ counts against grouping, which then costs speed, never a result.
 
 from __future__ import annotations
 
-import linecache
 import operator
 
 from numba.cuda import types
@@ -50,7 +49,8 @@ def position_uses(type_annotation, nargs: int) -> tuple:
     that a launch layout could reach, in the typed function ``type_annotation``.
 
     Returns a sorted tuple of records (:mod:`daskgpu._image.position_uses`), each
-    ending with where in the source it is and that line's code.
+    ending with where in the source it is (``file:line``: no source travels with an
+    image).
 
     Examples
     --------
@@ -65,7 +65,7 @@ def position_uses(type_annotation, nargs: int) -> tuple:
     >>> arr = types.float32[::1]
     >>> with compiling_for((7, 5)):
     ...     cres = compile_cuda(scale, None, (arr, arr, types.float32), cc=(7, 5))
-    >>> sorted({use[:-2] for use in position_uses(cres.type_annotation, 3)})
+    >>> sorted({use[:-1] for use in position_uses(cres.type_annotation, 3)})
     [('at', 0, 1, 0, 0, 0), ('at', 1, 1, 0, 0, 0), ('bound', 0, 0, 0), ('value', 2)]
     """
     walk = _Walk(type_annotation, {i: _params(type_annotation, i) for i in range(nargs)})
@@ -140,9 +140,7 @@ class _Walk:
     def use(self, *record):
         if self._recording:
             loc = self._loc
-            where = f"{loc.filename}:{loc.line}" if loc is not None else "?"
-            code = linecache.getline(loc.filename, loc.line).strip() if loc is not None else ""
-            self.uses.add(record + (where, code))
+            self.uses.add(record + (f"{loc.filename}:{loc.line}" if loc is not None else "?",))
 
     # -- what a variable holds -------------------------------------------------
 

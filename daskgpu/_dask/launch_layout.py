@@ -164,7 +164,8 @@ def group_chunks(chunks: tuple, per_element: int, target: int, *, fixed: int = 0
 # -- whether grouping can change a result --------------------------------------------
 
 class Hazard(NamedTuple):
-    """One reason grouping could change what a kernel computes: what it does, and where."""
+    """One reason grouping could change what a kernel computes: what it does, where, and
+    that line's code where its source is at hand."""
 
     what: str
     where: str = ""
@@ -174,6 +175,14 @@ class Hazard(NamedTuple):
         at = f" at {self.where}" if self.where else ""
         code = f" ({self.code})" if self.code else ""
         return f"{self.what}{at}{code}"
+
+
+def _source_line(where: str) -> str:
+    """The line ``file:line`` names, stripped; empty where the file is not at hand."""
+    import linecache
+
+    path, _, line = where.rpartition(":")
+    return linecache.getline(path, int(line)).strip() if line.isdigit() else ""
 
 
 #: The role of each kernel parameter in a map, as :func:`grouping_hazards` reads it:
@@ -198,11 +207,10 @@ def grouping_hazards(positions, roles, *, rank: int, halo=(), padded=(),
 
     Examples
     --------
-    >>> uses = (("at", 0, 1, 0, 0, 0, "k.py:4", "out[i] = x[0]"),
-    ...         ("fixed", 1, "k.py:4", "out[i] = x[0]"))
+    >>> uses = (("at", 0, 1, 0, 0, 0, "k.py:4"), ("fixed", 1, "k.py:4"))
     >>> grouping_hazards(uses, ("mapped", "mapped"), rank=1, names=("out", "x"))
     (Hazard(what="reads x, a chunk, elsewhere than at the thread's position", \
-where='k.py:4', code='out[i] = x[0]'),)
+where='k.py:4', code=''),)
     >>> grouping_hazards(uses, ("mapped", "whole"), rank=1)
     ()
     """
@@ -221,10 +229,10 @@ where='k.py:4', code='out[i] = x[0]'),)
     found = []
     reach: dict = {}  # axis -> (reads before, reads after, guarded before, guarded after)
     for use in positions:
-        kind, fields, where, code = use[0], use[1:-2], use[-2], use[-1]
+        kind, fields, where = use[0], use[1:-1], use[-1]
         what = _judge(kind, fields, roles, rank, depth, name, reach)
         if what:
-            found.append(Hazard(what, where, code))
+            found.append(Hazard(what, where, _source_line(where)))
     for axis, (before, after, guard_before, guard_after) in sorted(reach.items()):
         # At an edge of the array that is not padded, a read beyond the launch wraps
         # around (a negative index) or runs off it, unless a guard keeps it inside.

@@ -6,7 +6,7 @@ and bundles), so that a map can decide whether grouping chunks into one launch c
 change what the kernel computes, also for a kernel loaded from a bundle with no Numba.
 :func:`check_uses` is the one validation, for both.
 
-A record is a tuple ``(kind, *fields, where, code)``:
+A record is a tuple ``(kind, *fields, where)``:
 
 ================  ============================  ==========================================
 kind              fields                        the kernel ...
@@ -27,12 +27,14 @@ kind              fields                        the kernel ...
 ``never``         what                          does what no layout makes safe
 ================  ============================  ==========================================
 
-``where`` is ``file:line`` in the kernel's source, ``code`` that line.
+``where`` is ``file:line`` in the kernel's source. No source text travels with an
+image (workers get PTX and plain data alone); a message reads the line where the
+source is at hand.
 """
 
 from __future__ import annotations
 
-#: The fields of each kind of record, before ``where`` and ``code``: "p" a parameter
+#: The fields of each kind of record, before ``where``: "p" a parameter
 #: index, "n" a small count or axis, "c" a signed constant, "s" text.
 FIELDS = {"at": "pnnnc", "fixed": "p", "whole": "p", "size": "p", "bound": "pnn",
           "first": "nn", "plus": "pn", "value": "p", "never": "s"}
@@ -53,9 +55,9 @@ def check_uses(uses, nargs: int) -> tuple | None:
 
     Examples
     --------
-    >>> check_uses([["bound", 0, 0, 0, "k.py:3", "if i < x.size:"]], nargs=1)
-    (('bound', 0, 0, 0, 'k.py:3', 'if i < x.size:'),)
-    >>> check_uses([["at", 5, 1, 0, 0, 0, "k.py:4", ""]], nargs=2)
+    >>> check_uses([["bound", 0, 0, 0, "k.py:3"]], nargs=1)
+    (('bound', 0, 0, 0, 'k.py:3'),)
+    >>> check_uses([["at", 5, 1, 0, 0, 0, "k.py:4"]], nargs=2)
     Traceback (most recent call last):
     ...
     ValueError: position use 0 ('at') names parameter 5 of a kernel of 2
@@ -71,10 +73,10 @@ def check_uses(uses, nargs: int) -> tuple | None:
             raise ValueError(f"position use {i} is not a record of a known kind "
                              f"({', '.join(FIELDS)}): {record!r:.80}")
         kind, fields = record[0], FIELDS[record[0]]
-        if len(record) != len(fields) + 3:
-            raise ValueError(f"position use {i} ({kind!r}) must have {len(fields) + 3} "
+        if len(record) != len(fields) + 2:
+            raise ValueError(f"position use {i} ({kind!r}) must have {len(fields) + 2} "
                              f"items, got {len(record)}")
-        for spec, value in zip(fields + "ss", record[1:]):
+        for spec, value in zip(fields + "s", record[1:]):
             _check_field(i, kind, spec, value, nargs)
         checked.append(tuple(record))
     return tuple(checked)

@@ -16,7 +16,7 @@ F32 = types.float32[::1]
 def _uses(fn, argtypes):
     with compiling_for((7, 5)):
         cres = compile_cuda(fn, None, argtypes, cc=(7, 5))
-    return {use[:-2] for use in position_uses(cres.type_annotation, len(argtypes))}
+    return {use[:-1] for use in position_uses(cres.type_annotation, len(argtypes))}
 
 
 def _kinds(uses):

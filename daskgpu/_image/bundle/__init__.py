@@ -8,7 +8,7 @@ A bundle is one JSON document (UTF-8), so reading it can never run code::
                  "grid_ndim": 1, "links": [{"name": ..., "kind": ..., "data": "<base64>"}],
                  "options": [["fastmath", false]], "versions": [["numba-cuda", "0.30.4"]],
                  "exceptions": [[1, "ValueError", ["n too big"], ["k", "k.py", 8]]],
-                 "positions": [["bound", 0, 0, 0, "k.py:6", "if i < x.size:"]]}],
+                 "positions": [["bound", 0, 0, 0, "k.py:6"]]}],
      "sha256": "<hex>", "hmac-sha256": "<hex>"}
 
 ``positions`` (optional: older bundles lack it) records how the kernel uses its thread's
