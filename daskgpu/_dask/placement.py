@@ -273,6 +273,12 @@ class GPUPlacement(SchedulerPlugin):
             restrictions = dict(ts.resource_restrictions or {})
             restrictions[GPU] = max(restrictions.get(GPU, 0), LAUNCH_SHARE)
             ts.resource_restrictions = restrictions
+            if ts.loose_restrictions:
+                # allow_other_workers=True: where none of its workers can take it,
+                # distributed picks among all workers, resources unasked, GPU or not.
+                # The GPU ask is what holds: any GPU worker may take it.
+                ts.worker_restrictions = ts.host_restrictions = None
+                ts.loose_restrictions = False
             self._ask_memory(scheduler, ts)
 
     def transition(self, key, start, finish, *args, **kwargs) -> None:
