@@ -3,10 +3,11 @@
 ``python -m build`` makes the sdist from a clean copy of the source tree, then
 the wheel from the unpacked sdist, so a file the sdist lacks is missing from
 the wheel too. The wheel goes into a fresh virtual environment that sees this
-interpreter's packages (installing numba-cuda's CUDA wheels anew would take
-minutes) but not the checkout: the tests prove that environment imports
-daskgpu from the wheel, then run ``daskgpu info`` and ``daskgpu demo`` there
-from a directory of their own (simulated where there is no GPU).
+interpreter's packages, whether it runs in a virtual environment or not
+(installing numba-cuda's CUDA wheels anew would take minutes), but not the
+checkout: the tests prove that environment imports daskgpu from the wheel,
+then run ``daskgpu info`` and ``daskgpu demo`` there from a directory of their
+own (simulated where there is no GPU).
 """
 
 import ast
@@ -80,9 +81,10 @@ def venv(built, tmp_path_factory):
     """A fresh virtual environment with the wheel installed, and its interpreter."""
     wheel, _, _ = built
     root = tmp_path_factory.mktemp("venv") / "env"
-    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip",
-                    str(root)], check=True, timeout=120, env=_clean_env())
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root)], check=True,
+                   timeout=120, env=_clean_env())
     python = root / "bin" / "python"
+    _see_these_packages(python)
     # This interpreter's pip installs into the venv: no pip of its own to bootstrap.
     proc = subprocess.run(
         [sys.executable, "-m", "pip", "--python", str(python), "install", "--no-deps",
@@ -90,6 +92,25 @@ def venv(built, tmp_path_factory):
         capture_output=True, text=True, timeout=300, env=_clean_env())
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     return root, python
+
+
+def _see_these_packages(python) -> None:
+    """Have the venv of ``python`` see this interpreter's packages, after its own.
+
+    ``venv --system-site-packages`` shows the base Python's, which inside a
+    virtual environment (where the README's commands are mostly run) are not the
+    ones installed: the running environment's site directories are added instead,
+    as a ``.pth`` file does, with their own ``.pth`` files read as the system's are.
+    """
+    import site
+
+    dirs = [*site.getsitepackages(), *([site.getusersitepackages()]
+                                       if site.ENABLE_USER_SITE else [])]
+    own = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_path("
+                          "'purelib'))"], capture_output=True, text=True, check=True,
+                         timeout=60, env=_clean_env()).stdout.strip()
+    lines = [f"import site; site.addsitedir({d!r})" for d in dirs if os.path.isdir(d)]
+    pathlib.Path(own, "_daskgpu_release_test.pth").write_text("\n".join(lines) + "\n")
 
 
 def _run(args, cwd, timeout=300):
