@@ -331,6 +331,23 @@ def test_on_a_gpu_a_60_s_kernel_over_its_limit_fails_and_the_gpu_is_free_within_
 def test_a_spinning_launch_ends_within_its_limit_and_the_grace_when_the_scheduler_dies(tmp_path):
     # The worker closes when it loses its scheduler; its launch watch must outlast the close,
     # or the closing process waits for the kernel (distributed's close timeout, 30 s).
+    _kill_the_scheduler_under_a_launch(tmp_path, spin.configure(1, 1, timeout=3),
+                                       (np.zeros(1, np.int64),), simulate=True)
+
+
+@pytest.mark.slow
+@pytest.mark.gpu
+def test_on_a_gpu_a_60_s_kernel_frees_the_gpu_within_its_limit_when_the_scheduler_dies(
+        tmp_path):
+    _kill_the_scheduler_under_a_launch(tmp_path, sleep_ms.forall(1, timeout=3),
+                                       (np.zeros(1, np.int32), np.int32(60_000)),
+                                       simulate=False)
+
+
+def _kill_the_scheduler_under_a_launch(tmp_path, launch, args, simulate):
+    """Start a scheduler and one worker (under its nanny), run ``launch`` (limit 3 s) on
+    ``args``, kill the scheduler: the worker's process must end within the limit and
+    the grace (2 s), and some slack, which frees the GPU."""
     import os
     import subprocess
     import sys
@@ -353,22 +370,29 @@ def test_a_spinning_launch_ends_within_its_limit_and_the_grace_when_the_schedule
         worker = subprocess.Popen(
             [sys.executable, "-m", "daskgpu", "worker", "--scheduler-file", str(scheduler_file),
              "--devices", "0", "--nthreads", "1"],
-            env=dict(env, DASK_DASKGPU__SIMULATE="1"), stdout=log, stderr=subprocess.STDOUT)
+            env=dict(env, DASK_DASKGPU__SIMULATE="1" if simulate else "0"), stdout=log,
+            stderr=subprocess.STDOUT)
         client = Client(scheduler_file=str(scheduler_file), timeout="60s")
         client.wait_for_workers(1, timeout=120)
         (pid,) = client.run(os.getpid).values()  # the worker's process, under its nanny
-        with dask.config.set({"daskgpu.simulate": True}):
-            future = client.submit(spin.configure(1, 1, timeout=3), np.zeros(1, np.int64),
-                                   pure=False)
-        while client.processing() == {} or not any(client.processing().values()):
+        with dask.config.set({"daskgpu.simulate": simulate}):
+            future = client.submit(launch, *args, pure=False)
+        while not any(client.processing().values()):
             time.sleep(0.05)
         time.sleep(0.5)  # it runs
         scheduler.kill()
         killed = time.monotonic()
         process = psutil.Process(pid)
-        while process.is_running() and process.status() != psutil.STATUS_ZOMBIE:
+
+        def running():
+            try:
+                return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+            except psutil.NoSuchProcess:
+                return False
+
+        while running():
             assert time.monotonic() - killed < 15, \
-                "the spinning launch outlived its limit (3 s) and the grace (2 s)"
+                "the launch outlived its limit (3 s) and the grace (2 s)"
             time.sleep(0.1)
         del future
         client.close(timeout=1)
