@@ -16,7 +16,10 @@ is asked what is overdue:
   state, not its thread), and the worker's process is replaced;
 - a running launch task that was cancelled (``future.cancel()``,
   ``client.cancel``) and is still running ``daskgpu.cancel-grace`` later has
-  its worker's process replaced.
+  its worker's process replaced;
+- a worker that closes while a launch runs (it lost its scheduler, say) watches
+  it on from a thread (:func:`outlast`): past the grace, or its limit, the
+  process ends.
 
 The process is replaced as after a lost CUDA context: the worker closes, its
 nanny starts a fresh one on the same GPU with the same plugin, and the other
