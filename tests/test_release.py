@@ -99,18 +99,21 @@ def _see_these_packages(python) -> None:
 
     ``venv --system-site-packages`` shows the base Python's, which inside a
     virtual environment (where the README's commands are mostly run) are not the
-    ones installed: the running environment's site directories are added instead,
-    as a ``.pth`` file does, with their own ``.pth`` files read as the system's are.
+    ones installed. This environment's prefixes and site directories are added
+    instead, by a ``.pth`` file, as that option adds the base Python's: their own
+    ``.pth`` files are read, and ``site.getsitepackages()`` names them (where
+    cuda-pathfinder looks for the CUDA libraries the ``cu12`` extra installs).
     """
     import site
 
-    dirs = [*site.getsitepackages(), *([site.getusersitepackages()]
-                                       if site.ENABLE_USER_SITE else [])]
+    prefixes = list(site.PREFIXES)
+    dirs = [d for d in site.getsitepackages() if os.path.isdir(d)]
     own = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_path("
                           "'purelib'))"], capture_output=True, text=True, check=True,
                          timeout=60, env=_clean_env()).stdout.strip()
-    lines = [f"import site; site.addsitedir({d!r})" for d in dirs if os.path.isdir(d)]
-    pathlib.Path(own, "_daskgpu_release_test.pth").write_text("\n".join(lines) + "\n")
+    # One line, run by exec: names set on it are not seen inside a comprehension.
+    line = f"import site; site.PREFIXES.extend({prefixes!r}); list(map(site.addsitedir, {dirs!r}))"
+    pathlib.Path(own, "_daskgpu_release_test.pth").write_text(line + "\n")
 
 
 def _run(args, cwd, timeout=300):
