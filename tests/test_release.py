@@ -164,6 +164,20 @@ def test_the_venv_imports_daskgpu_from_the_wheel_not_the_checkout(venv, tmp_path
     assert {"daskgpu.yaml", "py.typed"} <= set(ast.literal_eval(listing))
 
 
+def test_the_venv_sees_the_packages_of_the_environment_running_the_tests(venv, tmp_path):
+    # Inside a virtual environment, --system-site-packages showed the base Python's
+    # packages instead (none, for a bare Python: "No module named 'dask'"), or other
+    # copies of them.
+    import dask
+    import numpy
+
+    _, python = venv
+    proc = _run([str(python), "-c", "import dask, numpy; print(dask.__file__); "
+                 "print(numpy.__file__)"], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == [dask.__file__, numpy.__file__]
+
+
 def test_the_installed_command_runs_info_and_demo_outside_the_checkout(venv, tmp_path):
     root, python = venv
     script = root / "bin" / "daskgpu"
