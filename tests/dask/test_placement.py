@@ -20,22 +20,14 @@ import pytest
 from dask.utils import key_split
 from distributed import Client, get_task_stream, wait
 from distributed.diagnostics.plugin import SchedulerPlugin
+from kit.kernels import scale
 from layers import EXPRESSIONS, hlg_only, launch_restrictions
-from numba import cuda
 
 import daskgpu as dg
-from daskgpu import _config
-from daskgpu._dask.placement import LAUNCH_SHARE, GPUPlacement, ensure_placement, runs_launch
+from daskgpu._dask.launch_core.resources import LAUNCH_SHARE
+from daskgpu._dask.launch_core.walk import runs_launch
+from daskgpu._dask.placement import GPUPlacement, ensure_placement
 from daskgpu._runtime.launch_task import LaunchTask
-
-_config.register()
-
-
-@dg.jit("void(float32[::1], float32, float32[::1])")
-def scale(out, a, x):
-    i = cuda.grid(1)
-    if i < out.size:
-        out[i] = a * x[i]
 
 
 def _start(argv, env, log):
@@ -158,9 +150,9 @@ def test_the_launch_and_its_chunk_are_found_inside_fused_tasks(blocks):
     # worker's time limit both read them there, and the memory of each task's own block.
     from types import SimpleNamespace
 
-    from daskgpu._dask.map_kernel.graph_hlg import EMBED_BYTES
-    from daskgpu._dask.placement import device_bytes
-    from daskgpu._dask.workers.watchdog import launch_of
+    from daskgpu._dask.launch_core.asks import device_bytes
+    from daskgpu._dask.launch_core.walk import held_in, launch_of
+    from daskgpu._dask.map_kernel.graphs.hlg import EMBED_BYTES
 
     with dask.config.set({"daskgpu.simulate": True}):
         x = da.zeros(2 * blocks - 1, chunks=2, dtype=np.float32)  # the last block of 1
@@ -174,7 +166,7 @@ def test_the_launch_and_its_chunk_are_found_inside_fused_tasks(blocks):
     tasks = {k: t for k, t in graph.items() if runs_launch(t)}
     assert len(tasks) == blocks and all(t.has_subgraph() for t in tasks.values())
     for key, task in tasks.items():
-        launch = launch_of(task, held)
+        launch = launch_of(task, held_in(held))
         assert launch is not None and launch.timeout == 7, key
         assert device_bytes(task, scheduler) == 8 * x.chunks[0][key[1]], key
 

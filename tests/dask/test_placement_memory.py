@@ -9,22 +9,14 @@ import dask.array as da
 import numpy as np
 import pytest
 from distributed import Client, get_task_stream, wait
+from kit.kernels import double
 from numba import cuda
 from numba.cuda.random import xoroshiro128p_uniform_float32
 
 import daskgpu as dg
-from daskgpu._dask.placement import GPU_MEMORY
-
-dg._config.register()  # before dask.config.set, so the defaults outlive its blocks
+from daskgpu._dask.launch_core.resources import GPU_MEMORY
 
 OFFER = 64 * 1024  # a simulated device of 64 KiB
-
-
-@dg.jit("void(float32[::1], float32[::1])")
-def double(out, x):
-    i = cuda.grid(1)
-    if i < out.size:
-        out[i] = 2 * x[i]
 
 
 @pytest.fixture(scope="module")
@@ -336,7 +328,7 @@ def test_on_a_gpu_large_chunks_run_one_at_a_time_and_small_ones_four_at_a_time()
 
 
 def test_a_margin_at_or_above_the_device_memory_is_refused_not_an_offer_of_nothing():
-    from daskgpu._dask.placement import memory_offer
+    from daskgpu._dask.launch_core.resources import memory_offer
 
     # device-memory unset: this module's cluster sets it while it is open.
     with dask.config.set({"daskgpu.device-memory-margin": "2GiB",

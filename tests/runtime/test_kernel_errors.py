@@ -15,9 +15,6 @@ from numba import cuda
 import daskgpu as dg
 from daskgpu._runtime import faults
 
-dg._config.register()
-
-
 pytestmark = pytest.mark.usefixtures("simulate")  # every test here runs simulated
 
 
