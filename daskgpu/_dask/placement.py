@@ -77,6 +77,9 @@ class GPUPlacement(SchedulerPlugin):
         # Launch tasks given one more try because another task lost their worker's CUDA
         # context while they ran, with their own retries.
         self._retried = {}
+        # Tasks waiting on a worker that its launch guard replaces, by its address: they
+        # are counted one death fewer (:meth:`_let_go`).
+        self._spared = {}
 
     def update_graph(self, scheduler, *, tasks, **kwargs) -> None:
         if not scheduler.resources.get(GPU):
@@ -88,6 +91,12 @@ class GPUPlacement(SchedulerPlugin):
             restrictions = dict(ts.resource_restrictions or {})
             restrictions[GPU] = max(restrictions.get(GPU, 0), LAUNCH_SHARE)
             ts.resource_restrictions = restrictions
+            if ts.loose_restrictions:
+                # allow_other_workers=True: where none of its workers can take it,
+                # distributed picks among all workers, resources unasked, GPU or not.
+                # The GPU ask is what holds: any GPU worker may take it.
+                ts.worker_restrictions = ts.host_restrictions = None
+                ts.loose_restrictions = False
             self._ask_memory(scheduler, ts)
 
     def transition(self, key, start, finish, *args, **kwargs) -> None:
@@ -96,11 +105,15 @@ class GPUPlacement(SchedulerPlugin):
         lost its worker's CUDA context, have the launches running beside it run again."""
         if finish == "forgotten":
             self._unsized.pop(key, None)
+            self._spared.pop(key, None)
         if start == "processing" and finish != "processing":
             if key in self._retried:
                 self._restore_retries(key)
+            if key in self._spared:
+                self._count_again(key)
             if finish == "erred" and _lost_context(kwargs.get("exception_text")):
                 self._retry_beside(key, kwargs.get("worker"))
+                self._let_go(key, kwargs.get("worker"), kwargs.get("exception_text"))
         if finish != "memory" or not self._unsized:
             return
         scheduler = self._scheduler
@@ -139,6 +152,31 @@ class GPUPlacement(SchedulerPlugin):
                 self._retried[ts.key] = ts.retries
                 ts.retries += 1
 
+    def _let_go(self, key, address, exception_text) -> None:
+        """The worker at ``address`` is being replaced by its launch guard (``key`` lost its
+        CUDA context, or outran its time limit): the tasks waiting on it are not to be
+        counted as having killed it (distributed fails a task as ``KilledWorker`` after
+        ``allowed-failures`` such deaths), so each is counted one death fewer now, which
+        its worker's removal then counts back. A worker whose simulated launch was
+        stopped goes on, and is kept."""
+        scheduler = self._scheduler
+        ws = scheduler.workers.get(address) if scheduler is not None and address else None
+        if ws is None or _STOPPED in (exception_text or ""):
+            return
+        for ts in ws.processing:
+            if ts.key != key and ts.key not in self._spared:
+                self._spared[ts.key] = address
+                ts.suspicious -= 1
+
+    def _count_again(self, key) -> None:
+        """The task ``key`` left the worker it was spared on: if the worker is still there
+        (the task ended or moved before it went), its count of deaths is as it was."""
+        address = self._spared.pop(key)
+        scheduler = self._scheduler
+        ts = scheduler.tasks.get(key) if scheduler is not None else None
+        if ts is not None and address in scheduler.workers:
+            ts.suspicious += 1
+
     def _restore_retries(self, key) -> None:
         """The task ``key`` left the worker whose context was lost: its own retries again."""
         retries = self._retried.pop(key)
@@ -153,7 +191,9 @@ class GPUPlacement(SchedulerPlugin):
 
         A task waits there when no worker of the cluster offers what it asks, as when
         the one worker with enough ``GPU-memory`` has died and no other will take its
-        chunks; distributed would have it wait for ever.
+        chunks; distributed would have it wait for ever. A task the caller restricted
+        (``workers=``) to workers without a GPU waits there too: where every worker it
+        names is there, it fails at once, naming the restriction; else after the wait.
         """
         from time import monotonic
 
@@ -164,23 +204,27 @@ class GPUPlacement(SchedulerPlugin):
         if scheduler is None or wait is None or not scheduler.unrunnable:
             return []
         now = monotonic() if now is None else now
-        def offered(asks):  # by a worker that is there, if not running now (paused)
+        def offered(ts):  # by a worker that is there and allowed, if not running now (paused)
+            asks = ts.resource_restrictions
             return any(all(ws.resources.get(name, 0) >= v for name, v in asks.items())
-                       for ws in scheduler.workers.values())
+                       for ws in _allowed(scheduler, ts))
 
+        # A task restricted (workers=) to workers that are all there, none offering what
+        # it asks, waits for nothing: it is refused at once rather than after the wait.
         late = [ts for ts, since in list(scheduler.unrunnable.items())
-                if now - since > wait and GPU in (ts.resource_restrictions or {})
-                and not offered(ts.resource_restrictions)]
+                if GPU in (ts.resource_restrictions or {}) and not offered(ts)
+                and (now - since > wait or _restricted_to_present(scheduler, ts))]
         if not late:
             return []
         from distributed.protocol import pickle
 
-        offers = {ws.address: dict(ws.resources) for ws in scheduler.workers.values()}
         stimulus_id = f"daskgpu-no-worker-timeout-{now}"
         recommendations = {}
         for ts in late:
+            offers = {ws.address: dict(ws.resources) for ws in _allowed(scheduler, ts)}
             error = NoGPUWorkerError.of(ts.key, _kernel_name(ts, scheduler.tasks),
-                                        dict(ts.resource_restrictions), offers, wait)
+                                        dict(ts.resource_restrictions), offers, wait,
+                                        _restriction(ts))
             recommendations.update(scheduler.transition(
                 ts.key, "erred", exception=pickle.dumps(error), cause=ts.key,
                 stimulus_id=stimulus_id))
@@ -238,7 +282,9 @@ class NoGPUWorkerError(NoValidWorkerError):
     """
 
     @classmethod
-    def of(cls, key, kernel, asks, offers, timeout) -> NoGPUWorkerError:
+    def of(cls, key, kernel, asks, offers, timeout, restriction=None) -> NoGPUWorkerError:
+        """``restriction``: the caller's ``workers=`` restriction, which ``offers`` (the
+        workers it allows) are limited to."""
         from dask.utils import format_bytes
 
         def said(resources):
@@ -246,6 +292,14 @@ class NoGPUWorkerError(NoValidWorkerError):
                              for name, v in sorted(resources.items())) or "nothing"
 
         offered = "; ".join(f"{address}: {said(r)}" for address, r in sorted(offers.items()))
+        if restriction is not None:
+            message = (
+                f"kernel {kernel!r} (task {key!r}) asks for {said(asks)}, and is restricted "
+                f"to workers={restriction!r}, of which none offers that: "
+                + (f"they offer {offered}" if offers else "none of them is there")
+                + "; restrict it to a GPU worker, pass allow_other_workers=True, or leave "
+                "workers= out")
+            return cls(key, set(), set(), asks, timeout, message)
         message = (
             f"kernel {kernel!r} (task {key!r}) asks for {said(asks)}, and no worker of the "
             f"cluster offered that for {timeout:g} s (daskgpu.no-worker-timeout): "
@@ -261,6 +315,34 @@ class NoGPUWorkerError(NoValidWorkerError):
 
     def __str__(self) -> str:
         return self.args[5]
+
+
+def _allowed(scheduler, ts) -> list:
+    """The workers there that the caller's restrictions (``workers=``) allow ``ts`` on."""
+    named = set(ts.worker_restrictions or ())
+    hosts = set(ts.host_restrictions or ())
+    if ts.loose_restrictions or not (named or hosts):
+        return list(scheduler.workers.values())
+    return [ws for ws in scheduler.workers.values()
+            if ws.address in named or ws.host in hosts or ws.name in hosts]
+
+
+def _restricted_to_present(scheduler, ts) -> bool:
+    """Whether ``ts`` may run only on named workers, all of them there."""
+    named = ts.worker_restrictions
+    return bool(named) and not ts.host_restrictions and not ts.loose_restrictions \
+        and all(address in scheduler.workers for address in named)
+
+
+def _restriction(ts) -> list | None:
+    """The caller's ``workers=`` restriction of ``ts``, sorted; None when it has none."""
+    if ts.loose_restrictions or not (ts.worker_restrictions or ts.host_restrictions):
+        return None
+    return sorted({*(ts.worker_restrictions or ()), *(ts.host_restrictions or ())})
+
+
+#: What the error of a launch stopped over its time limit says: its worker goes on.
+_STOPPED = "the simulated launch was stopped"
 
 
 def _lost_context(exception_text) -> bool:

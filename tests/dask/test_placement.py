@@ -26,7 +26,7 @@ from layers import EXPRESSIONS, hlg_only, launch_restrictions
 import daskgpu as dg
 from daskgpu._dask.launch_core.resources import LAUNCH_SHARE
 from daskgpu._dask.launch_core.walk import runs_launch
-from daskgpu._dask.placement import GPUPlacement
+from daskgpu._dask.placement import GPUPlacement, ensure_placement
 from daskgpu._runtime.launch_task import LaunchTask
 
 
@@ -301,3 +301,31 @@ def test_a_launch_that_asks_for_the_whole_gpu_keeps_it():
         wait(y)
         assert list(launch_restrictions(client).values()) == [{"GPU": 1}] * 2
         assert (y.compute() == 2.0).all()
+
+
+@pytest.mark.slow
+def test_a_launch_restricted_to_a_worker_without_a_gpu_is_refused_at_once(mixed_cluster):
+    # The caller's workers= allows only the plain worker; placement adds the GPU ask: no
+    # worker can take it, and it must not wait for ever (nor for the no-worker timeout).
+    client = mixed_cluster
+    ensure_placement(client)  # as a map or LocalGPUCluster does (a bare submit does not)
+    plain = _plain_worker(client)
+    message = (r"^kernel 'scale' \(task .*\) asks for GPU=0.000976562, and is restricted to "
+               rf"workers=\['{plain}'\], of which none offers that: they offer {plain}: "
+               r"nothing; restrict it to a GPU worker")
+    x = np.arange(8, dtype=np.float32)
+    started = time.monotonic()
+    future = client.submit(scale.forall(8), np.zeros_like(x), 2.0, x, workers=[plain],
+                           pure=False)
+    with pytest.raises(Exception, match=message) as caught:
+        future.result(timeout=60)
+    assert len(str(caught.value).splitlines()) == 1
+    xd = da.arange(64, chunks=32, dtype=np.float32)
+    y = dg.map_kernel(scale, dg.Out(np.float32, like=xd), 2.0, xd)
+    with pytest.raises(Exception, match=message):
+        client.compute(y, workers=[plain]).result(timeout=60)
+    assert time.monotonic() - started < 30  # daskgpu.no-worker-timeout is 120 s
+    # Allowed elsewhere too, it runs on a GPU worker.
+    out = client.submit(scale.forall(8), np.zeros_like(x), 2.0, x, workers=[plain],
+                        allow_other_workers=True, pure=False).result(timeout=60)
+    np.testing.assert_array_equal(out, 2 * x)

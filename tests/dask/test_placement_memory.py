@@ -157,6 +157,23 @@ def test_a_launch_reading_a_future_not_yet_computed_asks_for_it_once_known(clien
     assert _most_at_once(ts.data) == 1
 
 
+def test_a_launch_whose_input_is_made_within_its_fused_task_asks_as_for_a_pending_one(client):
+    # Dask's low-level fusion of delayed puts the input's task inside the launch's: its
+    # size is not known until it runs, as for a future not yet computed, so the launch
+    # asks for the largest offer (it runs alone), never for its output's bytes alone.
+    n = 1000
+    with dask.config.set({"optimization.fuse.delayed": True}):
+        made = dask.delayed(_made_late)(n, dask_key_name=f"made-{time.monotonic_ns()}")
+        launch = dask.delayed(double.forall(n), pure=False)(np.zeros(n, np.float32), made)
+        graph = dict(launch.__dask_optimize__(launch.__dask_graph__(), launch.__dask_keys__()))
+        assert made.key not in graph  # fused
+        future = client.compute(launch)
+        np.testing.assert_array_equal(future.result(timeout=60),
+                                      2 * np.arange(n, dtype=np.float32))
+    (fused,) = [k for k in graph if k != launch.key]
+    assert _asked(client, [fused]) == {fused: OFFER}
+
+
 @dg.jit
 def uniform(out, states):
     i = cuda.grid(1)

@@ -146,6 +146,24 @@ def test_a_shipped_image_names_its_kernel_too():
         launch(np.zeros(128, np.float32))
 
 
+def _past_the_end(a):
+    i = cuda.grid(1)
+    a[i + 4] = 1.0
+
+
+def test_a_shipped_image_s_error_names_the_user_s_file_and_line():
+    # The shipped function is pickled by value, and cloudpickle names its code's file
+    # "<dynamic-code>": the error named <dynamic-code>:N rather than this file.
+    import pickle
+
+    kernel = dg.jit("void(float32[::1])")(_past_the_end)
+    launch = pickle.loads(pickle.dumps(kernel[1, 4]))
+    with pytest.raises(IndexError) as info:
+        launch(np.zeros(4, np.float32))
+    line = _line_of(_past_the_end, "a[i + 4]")
+    assert f"of block (0, 0, 0), at {__file__}:{line}: tid=[0, 0, 0]" in str(info.value)
+
+
 def test_a_launch_after_a_failed_one_runs():
     with pytest.raises(ValueError):
         TOO_LARGE[2, 64](np.zeros(128, np.float32))

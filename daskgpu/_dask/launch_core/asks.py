@@ -47,7 +47,7 @@ def device_bytes(node, tasks) -> int:
     block shape of the task's :class:`~.task.ChunkPlace`. A ``client.submit``
     launch asks for its arguments' bytes: arrays in the task, random states, and
     the futures it reads, by their size on the scheduler (0 while one is not
-    computed yet). 0 when nothing is known.
+    computed yet, or is made within the task). 0 when nothing is known.
     """
     return memory_asks(node, tasks).need
 
@@ -84,11 +84,12 @@ def _place_shape(task, lookup) -> tuple | None:
 
 def _nbytes(node, tasks) -> int | None:
     """An argument's size: an inline array's, random states' (built on the device), or a
-    computed key's on the scheduler; None for a key not computed yet."""
+    computed key's on the scheduler; None for a key not computed yet, or made within
+    the task itself (fused: no task of the scheduler's), whose size is known only then."""
     if isinstance(node, TaskRef | Alias):
         ts = tasks.get(node.key if isinstance(node, TaskRef) else node.target)
         if ts is None:
-            return 0
+            return None
         return None if ts.nbytes is None or ts.nbytes < 0 else int(ts.nbytes)
     if isinstance(node, DataNode):
         node = node.value

@@ -16,7 +16,10 @@ is asked what is overdue:
   state, not its thread), and the worker's process is replaced;
 - a running launch task that was cancelled (``future.cancel()``,
   ``client.cancel``) and is still running ``daskgpu.cancel-grace`` later has
-  its worker's process replaced.
+  its worker's process replaced;
+- a worker that closes while a launch runs (it lost its scheduler, say) watches
+  it on from a thread (:func:`outlast`): past the grace, or its limit, the
+  process ends.
 
 The process is replaced as after a lost CUDA context: the worker closes, its
 nanny starts a fresh one on the same GPU with the same plugin, and the other
@@ -50,7 +53,7 @@ from daskgpu._errors import ContextLostError, LaunchTimeoutError
 from daskgpu._runtime import launch_runs
 
 __all__ = ["GRACE", "PERIOD", "TOLD", "WATCH_CALLBACK", "LaunchGuard", "close_worker",
-           "lost_context", "timeout_message"]
+           "lost_context", "outlast", "timeout_message"]
 
 logger = logging.getLogger("daskgpu")
 
@@ -130,10 +133,17 @@ class LaunchGuard:
             watching.start()
 
     def teardown(self, worker) -> None:
+        """Stop looking from the event loop; a launch still running as the worker closes
+        (it lost its scheduler, say) is watched on from a thread (:func:`outlast`)."""
         callbacks = getattr(worker, "periodic_callbacks", None)
         if isinstance(callbacks, dict) and WATCH_CALLBACK in callbacks:
             callbacks.pop(WATCH_CALLBACK).stop()
-        self.watch = None
+        watch, self.watch = self.watch, None
+        if watch:
+            import threading
+
+            threading.Thread(target=outlast, args=(watch, worker), daemon=True,
+                             name="daskgpu-launch-watch").start()
 
     def transition(self, key, start, finish) -> None:
         """Watch a running launch's time and its cancellation; close the worker after a
@@ -245,6 +255,40 @@ class LaunchGuard:
                              "its nanny starts a fresh process and the GPU is free",
                              list(keys), grace, worker.address)
                 worker.loop.call_later(0, close_worker, worker, True)
+
+
+def outlast(watch: LaunchWatch, worker, now=time.monotonic, sleep=time.sleep) -> None:
+    """Watch the launches still running on a closing worker until they end.
+
+    A closing worker waits for its running tasks (up to distributed's close
+    timeout, 30 s), and its event loop no longer looks at them. A launch that has
+    not ended ``watch.grace`` seconds after the close began, or that outruns its
+    time limit first, has its worker's process ended at once, which frees the
+    GPU (a worker without a nanny has a simulated launch stopped instead).
+    """
+    closing = now()
+    while True:
+        sleep(PERIOD)
+        running = {key: ident for ident, key in
+                   dict(getattr(worker, "active_threads", None) or {}).items()}
+        for key in watch.keys():
+            when = launch_runs.started(running[key]) if key in running else None
+            if key not in running:
+                watch.ended(key)
+            elif when is not None:
+                watch.launched(key, when)
+        if not watch:
+            return
+        if now() - closing <= watch.grace and not watch.overdue(now()):
+            continue
+        if getattr(worker, "nanny", None):
+            logger.error("daskgpu: launch task(s) %s still run as worker %s closes; ending "
+                         "its process to free the GPU", watch.keys(), worker.address)
+            logging.shutdown()
+            os._exit(1)
+        for key in watch.keys():
+            launch_runs.stop(running[key])
+            watch.ended(key)
 
 
 def lost_context(task) -> bool:

@@ -72,6 +72,18 @@ def test_a_launch_over_its_time_limit_fails_in_one_line_and_the_worker_comes_bac
 
 
 @pytest.mark.slow
+def test_every_one_of_five_spinning_launches_on_one_worker_fails_over_its_limit(one_worker):
+    # Each over its limit replaces the worker while the others wait on it: the scheduler
+    # must not count those replacements against the waiting launches (KilledWorker after
+    # distributed.scheduler.allowed-failures of them).
+    futures = [one_worker.submit(spin.configure(1, 1, timeout=1), np.zeros(1, np.int64),
+                                 pure=False) for _ in range(5)]
+    for future in futures:
+        with pytest.raises(dg.LaunchTimeoutError, match="time limit of 1 s"):
+            future.result(timeout=180)
+
+
+@pytest.mark.slow
 def test_a_map_over_its_time_limit_names_the_chunks_of_its_launch(one_worker):
     import dask.array as da
 
@@ -369,3 +381,80 @@ def test_on_a_gpu_a_60_s_kernel_over_its_limit_fails_and_the_gpu_is_free_within_
     print(f"60 s kernel, 1 s limit: failed after {failed:.2f} s; next launch done "
           f"{took:.2f} s after that")
     assert failed < 3 and took < 5
+
+
+@pytest.mark.slow
+def test_a_spinning_launch_ends_within_its_limit_and_the_grace_when_the_scheduler_dies(tmp_path):
+    # The worker closes when it loses its scheduler; its launch watch must outlast the close,
+    # or the closing process waits for the kernel (distributed's close timeout, 30 s).
+    _kill_the_scheduler_under_a_launch(tmp_path, spin.configure(1, 1, timeout=3),
+                                       (np.zeros(1, np.int64),), simulate=True)
+
+
+@pytest.mark.slow
+@pytest.mark.gpu
+def test_on_a_gpu_a_60_s_kernel_frees_the_gpu_within_its_limit_when_the_scheduler_dies(
+        tmp_path):
+    _kill_the_scheduler_under_a_launch(tmp_path, sleep_ms.forall(1, timeout=3),
+                                       (np.zeros(1, np.int32), np.int32(60_000)),
+                                       simulate=False)
+
+
+def _kill_the_scheduler_under_a_launch(tmp_path, launch, args, simulate):
+    """Start a scheduler and one worker (under its nanny), run ``launch`` (limit 3 s) on
+    ``args``, kill the scheduler: the worker's process must end within the limit and
+    the grace (2 s), and some slack, which frees the GPU."""
+    import os
+    import subprocess
+    import sys
+
+    import psutil
+
+    scheduler_file = tmp_path / "scheduler.json"
+    env = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
+    log = open(tmp_path / "cluster.log", "wb")
+    scheduler = subprocess.Popen(
+        [sys.executable, "-m", "distributed.cli.dask_scheduler", "--scheduler-file",
+         str(scheduler_file), "--port", "0", "--dashboard-address", ":0", "--no-show"],
+        env=env, stdout=log, stderr=subprocess.STDOUT)
+    worker = None
+    try:
+        start = time.monotonic()
+        while not scheduler_file.exists():
+            assert time.monotonic() - start < 60, "the scheduler did not start"
+            time.sleep(0.2)
+        worker = subprocess.Popen(
+            [sys.executable, "-m", "daskgpu", "worker", "--scheduler-file", str(scheduler_file),
+             "--devices", "0", "--nthreads", "1"],
+            env=dict(env, DASK_DASKGPU__SIMULATE="1" if simulate else "0"), stdout=log,
+            stderr=subprocess.STDOUT)
+        client = Client(scheduler_file=str(scheduler_file), timeout="60s")
+        client.wait_for_workers(1, timeout=120)
+        (pid,) = client.run(os.getpid).values()  # the worker's process, under its nanny
+        with dask.config.set({"daskgpu.simulate": simulate}):
+            future = client.submit(launch, *args, pure=False)
+        while not any(client.processing().values()):
+            time.sleep(0.05)
+        time.sleep(0.5)  # it runs
+        scheduler.kill()
+        killed = time.monotonic()
+        process = psutil.Process(pid)
+
+        def running():
+            try:
+                return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+            except psutil.NoSuchProcess:
+                return False
+
+        while running():
+            assert time.monotonic() - killed < 15, \
+                "the launch outlived its limit (3 s) and the grace (2 s)"
+            time.sleep(0.1)
+        del future
+        client.close(timeout=1)
+    finally:
+        for p in (worker, scheduler):
+            if p is not None:
+                p.kill()
+                p.wait(timeout=30)
+        log.close()
