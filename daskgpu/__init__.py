@@ -7,6 +7,24 @@ each worker links the PTX for its own GPU and caches the result.
 ``import daskgpu`` does not import numba: the client half (``jit``, ``kernel``,
 ``Kernel``) loads on first use, so workers that only unpickle launches never
 need it.
+
+This module is the public API; everything under it is private and may change.
+Its layers, each a folder, import one way, from the command line down to the
+plain data (``docs/developer/layout.md``):
+
+==========================  =========================================================
+module                      what it holds
+==========================  =========================================================
+``_cli``                    the ``daskgpu`` command (``__main__``: ``python -m``)
+``_dask``                   ``map_kernel``, placement, the worker plugin, clusters,
+                            batch jobs
+``_compiler``               the client half: numba-cuda to PTX
+``_runtime``                the worker half: launches, backends, the simulator
+``_image``                  the plain data that travels: images, argument specs
+``_config``, ``_errors``,   the base every layer uses: settings, exceptions,
+``_files``, ``_bounded``,   durable writes, the bounded cache, the version
+``_version``
+==========================  =========================================================
 """
 
 import importlib as _importlib

@@ -23,6 +23,7 @@ import os
 import re
 import site
 import sys
+from numbers import Real
 
 from daskgpu._errors import ConfigError
 
@@ -168,7 +169,7 @@ def _bytes(low):
     wanted = f"a size from {low} to {MAX_SIZE} bytes (1 PiB)"
 
     def parse(value):
-        if isinstance(value, bool) or not isinstance(value, int | float | str):
+        if isinstance(value, bool) or not isinstance(value, Real | str):
             raise ValueError(f'it must be {wanted}: bytes, or a string such as "8GiB"')
         if isinstance(value, str):
             # Only a string needs dask's parser; plain numbers keep a bare worker dask-free.
@@ -201,7 +202,7 @@ def _seconds(optional: bool):
     def parse(value):
         if optional and _no_value(value):
             return None
-        if isinstance(value, bool) or not isinstance(value, int | float | str):
+        if isinstance(value, bool) or not isinstance(value, Real | str):
             raise ValueError(f"it must be {wanted}")
         if isinstance(value, str):
             from dask.utils import parse_timedelta

@@ -18,6 +18,12 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 # The kit holds no tests; collected for doctests, its kernels would compile twice.
 collect_ignore = ["kit"]
 
+# daskgpu's settings, registered with dask.config once for the whole suite, before any
+# test sets one: a `dask.config.set` block entered first would take them away as it ends.
+from daskgpu import _config  # noqa: E402
+
+_config.register()
+
 
 @functools.cache
 def gpu_available() -> bool:
@@ -198,7 +204,6 @@ def bundle_kernels():
 
     import daskgpu as dg
 
-    dg._config.register()
     return types.SimpleNamespace(
         saxpy=dg.jit(["void(float32[::1], float32, float32[::1], float32[::1])",
                       "void(float64[:], float64, float64[:], float64[:])"],

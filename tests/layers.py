@@ -28,7 +28,7 @@ def launch_restrictions(client) -> dict:
     launch, read as the scheduler holds them (on either layer, whatever a persisted
     collection's keys are called: Dask's expressions alias them)."""
     def read(dask_scheduler):
-        from daskgpu._dask.placement import runs_launch
+        from daskgpu._dask.launch_core.walk import runs_launch
 
         return {ts.key: ts.resource_restrictions for ts in dask_scheduler.tasks.values()
                 if ts.run_spec is not None and runs_launch(ts.run_spec)}
@@ -41,15 +41,9 @@ def chain_task_count() -> int:
     import dask
     import dask.array as da
     import numpy as np
-    from numba import cuda
+    from kit.kernels import scale
 
     import daskgpu as dg
-
-    @dg.jit("void(float32[::1], float32, float32[::1])")
-    def scale(out, a, x):
-        i = cuda.grid(1)
-        if i < out.size:
-            out[i] = a * x[i]
 
     with dask.config.set({"daskgpu.simulate": True, "daskgpu.launch-bytes": 0}):
         x = da.from_array(np.arange(64, dtype=np.float32), chunks=8)

@@ -12,8 +12,6 @@ import pytest
 from daskgpu import _config
 from daskgpu._errors import ConfigError
 
-_config.register()  # before dask.config.set, so the defaults outlive its blocks
-
 
 @pytest.mark.parametrize("key,value,message", [
     ("module-cache-size", "abc", "whole number from 1 to 1000000"),

@@ -142,6 +142,49 @@ def test_layers_import_only_downwards():
     assert not wrong, "\n".join(wrong)
 
 
+#: Within the Dask layer, what the shared parts never import (a prefix each). The launch
+#: core sits below everything that shares it, as distributed's ``shuffle/_core.py``
+#: sits below its plugins; the scheduler plugin and the worker parts import the core,
+#: never a feature; the worker's parts never import the scheduler's plugin.
+_DASK = "daskgpu._dask."
+_FEATURES = (_DASK + "map_kernel", _DASK + "batch")
+NEVER = {
+    _DASK + "launch_core": (*_FEATURES, _DASK + "placement", _DASK + "workers",
+                            _DASK + "cluster"),
+    _DASK + "placement": (*_FEATURES, _DASK + "workers", _DASK + "cluster"),
+    _DASK + "workers": (*_FEATURES, _DASK + "placement", _DASK + "cluster"),
+    # The client's arguments borrow nothing from what a task runs on a worker.
+    _DASK + "map_kernel.arguments": (_DASK + "map_kernel.chunk_params",
+                                     _DASK + "map_kernel.chunk_task"),
+}
+
+
+def _never_broken(graph) -> list:
+    wrong = []
+    for module, targets in graph.items():
+        for below, forbidden in NEVER.items():
+            if module == below or module.startswith(below + "."):
+                wrong += [f"{module} imports {t}" for t in sorted(targets)
+                          if any(t == f or t.startswith(f + ".") for f in forbidden)]
+    return wrong
+
+
+def test_the_launch_core_and_the_plugins_import_no_feature():
+    wrong = _never_broken(import_graph())
+    assert not wrong, "import the launch core (daskgpu._dask.launch_core) instead:\n" + \
+        "\n".join(wrong)
+
+
+def test_the_feature_rule_sees_an_import_of_a_feature():
+    graph = {"daskgpu._dask.workers.watchdog": {"daskgpu._dask.placement"},
+             "daskgpu._dask.placement": {"daskgpu._dask.map_kernel.chunk_task"},
+             "daskgpu._dask.launch_core.walk": {"daskgpu._dask.launch_core.task"},
+             "daskgpu._dask.map_kernel.api": {"daskgpu._dask.placement"}}
+    assert _never_broken(graph) == [
+        "daskgpu._dask.workers.watchdog imports daskgpu._dask.placement",
+        "daskgpu._dask.placement imports daskgpu._dask.map_kernel.chunk_task"]
+
+
 def test_each_layer_is_a_folder_of_a_few_modules():
     for layer in set(LAYERS) - {"base"}:
         assert (PACKAGE / layer).is_dir(), layer
@@ -220,3 +263,22 @@ def test_the_private_name_check_sees_both_spellings():
                      "_device._thread\n")
     assert _private_names_used(tree, modules) == [
         "from daskgpu._runtime.device import _state", "daskgpu._runtime.device._thread"]
+
+
+def _undocumented_modules() -> dict:
+    """``{package: [its modules and subpackages that its docstring does not name]}``."""
+    missing = {}
+    for init in PACKAGE.rglob("__init__.py"):
+        folder = init.parent
+        doc = ast.get_docstring(ast.parse(init.read_text())) or ""
+        names = [p.stem for p in folder.glob("*.py") if p.name != "__init__.py"]
+        names += [p.name for p in folder.iterdir() if (p / "__init__.py").is_file()]
+        unnamed = sorted(n for n in names if n not in doc)
+        if unnamed:
+            missing[_module_name(init)] = unnamed
+    return missing
+
+
+def test_every_package_docstring_names_its_modules():
+    # A folder's map: a newcomer reads the package's docstring to find a module.
+    assert _undocumented_modules() == {}

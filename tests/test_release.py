@@ -3,10 +3,11 @@
 ``python -m build`` makes the sdist from a clean copy of the source tree, then
 the wheel from the unpacked sdist, so a file the sdist lacks is missing from
 the wheel too. The wheel goes into a fresh virtual environment that sees this
-interpreter's packages (installing numba-cuda's CUDA wheels anew would take
-minutes) but not the checkout: the tests prove that environment imports
-daskgpu from the wheel, then run ``daskgpu info`` and ``daskgpu demo`` there
-from a directory of their own (simulated where there is no GPU).
+interpreter's packages, whether it runs in a virtual environment or not
+(installing numba-cuda's CUDA wheels anew would take minutes), but not the
+checkout: the tests prove that environment imports daskgpu from the wheel,
+then run ``daskgpu info`` and ``daskgpu demo`` there from a directory of their
+own (simulated where there is no GPU).
 """
 
 import ast
@@ -80,9 +81,10 @@ def venv(built, tmp_path_factory):
     """A fresh virtual environment with the wheel installed, and its interpreter."""
     wheel, _, _ = built
     root = tmp_path_factory.mktemp("venv") / "env"
-    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip",
-                    str(root)], check=True, timeout=120, env=_clean_env())
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root)], check=True,
+                   timeout=120, env=_clean_env())
     python = root / "bin" / "python"
+    _see_these_packages(python)
     # This interpreter's pip installs into the venv: no pip of its own to bootstrap.
     proc = subprocess.run(
         [sys.executable, "-m", "pip", "--python", str(python), "install", "--no-deps",
@@ -90,6 +92,28 @@ def venv(built, tmp_path_factory):
         capture_output=True, text=True, timeout=300, env=_clean_env())
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     return root, python
+
+
+def _see_these_packages(python) -> None:
+    """Have the venv of ``python`` see this interpreter's packages, after its own.
+
+    ``venv --system-site-packages`` shows the base Python's, which inside a
+    virtual environment (where the README's commands are mostly run) are not the
+    ones installed. This environment's prefixes and site directories are added
+    instead, by a ``.pth`` file, as that option adds the base Python's: their own
+    ``.pth`` files are read, and ``site.getsitepackages()`` names them (where
+    cuda-pathfinder looks for the CUDA libraries the ``cu12`` extra installs).
+    """
+    import site
+
+    prefixes = list(site.PREFIXES)
+    dirs = [d for d in site.getsitepackages() if os.path.isdir(d)]
+    own = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_path("
+                          "'purelib'))"], capture_output=True, text=True, check=True,
+                         timeout=60, env=_clean_env()).stdout.strip()
+    # One line, run by exec: names set on it are not seen inside a comprehension.
+    line = f"import site; site.PREFIXES.extend({prefixes!r}); list(map(site.addsitedir, {dirs!r}))"
+    pathlib.Path(own, "_daskgpu_release_test.pth").write_text(line + "\n")
 
 
 def _run(args, cwd, timeout=300):
@@ -138,6 +162,20 @@ def test_the_venv_imports_daskgpu_from_the_wheel_not_the_checkout(venv, tmp_path
     # The settings it reads at import, from beside the installed package, and the marker.
     assert settings == f"{os.path.join(os.path.dirname(module), 'daskgpu.yaml')} True"
     assert {"daskgpu.yaml", "py.typed"} <= set(ast.literal_eval(listing))
+
+
+def test_the_venv_sees_the_packages_of_the_environment_running_the_tests(venv, tmp_path):
+    # Inside a virtual environment, --system-site-packages showed the base Python's
+    # packages instead (none, for a bare Python: "No module named 'dask'"), or other
+    # copies of them.
+    import dask
+    import numpy
+
+    _, python = venv
+    proc = _run([str(python), "-c", "import dask, numpy; print(dask.__file__); "
+                 "print(numpy.__file__)"], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == [dask.__file__, numpy.__file__]
 
 
 def test_the_installed_command_runs_info_and_demo_outside_the_checkout(venv, tmp_path):

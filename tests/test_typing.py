@@ -256,20 +256,61 @@ BAD = '''
 '''
 
 
+#: Internal interfaces mypy holds their implementations to: each module of an interface
+#: (whose own errors are all reported) and its implementations (whose errors against
+#: the interface are: ``[override]``, a member's signature that differs).
+INTERFACES = {
+    "daskgpu._dask.map_kernel.graphs.layer": ("daskgpu._dask.map_kernel.graphs.hlg",
+                                              "daskgpu._dask.map_kernel.graphs.expr"),
+}
+
+#: The graph layers, made as ``map_kernel`` makes them: mypy refuses to make one that
+#: lacks a member of the interface.
+LAYERS = '''
+    from daskgpu._dask.map_kernel.graphs.expr import ExprLayer
+    from daskgpu._dask.map_kernel.graphs.hlg import HLGLayer
+    from daskgpu._dask.map_kernel.graphs.layer import GraphLayer
+
+    layers: list[GraphLayer] = [HLGLayer(), ExprLayer()]
+'''
+
+#: A layer that gets the interface wrong, each line marked ``# wrong`` where mypy must
+#: say so.
+BAD_LAYER = '''
+    from typing import Any
+
+    from daskgpu._dask.map_kernel.graphs.layer import GraphLayer
+
+
+    class Half(GraphLayer):
+        name = "half"
+
+        def trim(self, result: Any) -> Any:  # wrong
+            return result
+
+
+    Half()  # wrong
+'''
+
+
 @pytest.fixture(scope="module")
 def mypy_report(tmp_path_factory):
-    """mypy over both programs and the public modules, in one run: ``{file: [lines]}``."""
+    """mypy over the programs, the public modules and the internal interfaces with their
+    implementations, in one run: ``{file: [lines]}``."""
     pytest.importorskip("mypy")
     work = tmp_path_factory.mktemp("typing")
     (work / "good.py").write_text(textwrap.dedent(GOOD).lstrip())
     (work / "bad.py").write_text(textwrap.dedent(BAD).lstrip())
-    modules = sorted(public_modules() - NOT_YET_TYPED)
+    (work / "layers.py").write_text(textwrap.dedent(LAYERS).lstrip())
+    (work / "bad_layer.py").write_text(textwrap.dedent(BAD_LAYER).lstrip())
+    interfaces = {m for pair in INTERFACES.items() for m in (pair[0], *pair[1])}
+    modules = sorted((public_modules() - NOT_YET_TYPED) | interfaces)
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "MYPYPATH")}
     env["MYPYPATH"] = str(REPO)  # this checkout's daskgpu, whatever is installed
     proc = subprocess.run(
         [sys.executable, "-m", "mypy", "--config-file", str(REPO / "pyproject.toml"),
          "--cache-dir", str(work / "cache"), "--no-error-summary", "--show-error-codes",
-         "good.py", "bad.py", *(str(_path(m)) for m in modules)],
+         "good.py", "bad.py", "layers.py", "bad_layer.py", *(str(_path(m)) for m in modules)],
         cwd=work, capture_output=True, text=True, timeout=600, env=env)
     assert proc.returncode in (0, 1), proc.stdout + proc.stderr  # 2: mypy itself failed
     errors: dict[str, list[str]] = {}  # by file, as mypy names it
@@ -280,10 +321,33 @@ def mypy_report(tmp_path_factory):
     return errors, proc.stdout
 
 
+def _implementations() -> set[str]:
+    """The files of the interfaces' implementations, as mypy names them."""
+    return {str(_path(m)) for ms in INTERFACES.values() for m in ms}
+
+
 @pytest.mark.slow
 def test_mypy_finds_nothing_in_a_users_program_or_the_public_modules(mypy_report):
     errors, out = mypy_report
-    assert {f: e for f, e in errors.items() if f != "bad.py"} == {}, out
+    assert {f: e for f, e in errors.items()
+            if f not in ("bad.py", "bad_layer.py") and f not in _implementations()} == {}, out
+
+
+@pytest.mark.slow
+def test_the_graph_layers_implement_their_interface(mypy_report):
+    errors, out = mypy_report
+    wrong = {f: [e for e in es if e.endswith("[override]")] for f, es in errors.items()
+             if f in _implementations()}
+    assert {f: e for f, e in wrong.items() if e} == {}, out
+
+
+@pytest.mark.slow
+def test_mypy_reports_a_layer_that_gets_the_interface_wrong(mypy_report):
+    errors, out = mypy_report
+    source = textwrap.dedent(BAD_LAYER).lstrip().splitlines()
+    wrong = [str(i) for i, line in enumerate(source, 1) if line.endswith("# wrong")]
+    reported = sorted({e.split(":")[0] for e in errors.get("bad_layer.py", [])}, key=int)
+    assert reported == wrong, out
 
 
 @pytest.mark.slow

@@ -180,16 +180,13 @@ def _chunks(text):
 
 
 def _group(text):
-    """``--group``: a size, checked as the ``daskgpu.launch-bytes`` setting is."""
-    from daskgpu import _config
+    """``--group``: a size, checked as ``map_kernel``'s ``group=`` is."""
+    from daskgpu._dask.launch_layout import check_group
 
     try:
-        _config.SETTINGS["launch-bytes"](text)
+        return check_group(text, "--group")
     except ValueError as exc:
-        raise argparse.ArgumentTypeError(
-            f"--group {text!r}: {exc}; give a size such as 64MiB, or --no-group for one "
-            "task a chunk") from None
-    return text
+        raise argparse.ArgumentTypeError(f"{exc}; or --no-group for one task a chunk") from None
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -4,7 +4,6 @@ and finding a kernel named ``MODULE:FUNCTION``."""
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import importlib
 import importlib.util
 import inspect
@@ -135,27 +134,18 @@ def resolve(module, attr: str, module_ref: str):
 
 
 def as_kernel(obj, sigs, overrides, what):
-    from daskgpu._compiler.kernel import Kernel, jit, kernel
-    from daskgpu._runtime.ptx_kernel import PTXKernel
+    """``obj`` (what ``what`` named) as a kernel, through the client's one door
+    (:func:`daskgpu._compiler.as_kernel.as_kernel`); what it refuses, as a usage error."""
+    from daskgpu._compiler.as_kernel import as_kernel as through_the_door
+    from daskgpu._runtime.kernel_kinds import KernelKind, kind_of
 
-    if isinstance(obj, PTXKernel):
-        if sigs or overrides:
-            raise UsageError(f"{what} is already compiled PTX (a loaded bundle); "
-                             "it cannot compile new signatures or change options")
-        return obj
-    if isinstance(obj, Kernel):
-        if not sigs and not overrides:
-            return obj
-        options = dataclasses.replace(obj.options, **overrides)
-        return Kernel(obj.py_func, sigs or obj.argtypes, options)
-    if hasattr(obj, "py_func") and hasattr(obj, "targetoptions"):  # numba.cuda.jit
-        try:
-            return kernel(obj, sigs or None, **overrides)
-        except TypeError as exc:
-            raise UsageError(str(exc)) from None
-    if inspect.isfunction(obj):
-        if not sigs:
-            raise UsageError(f"{what} is a plain function: give its signature(s) with "
-                             "--sig 'void(float32[::1], ...)'")
-        return jit(sigs, **overrides)(obj)
-    raise UsageError(f"{what} is a {type(obj).__name__}, not a function or kernel")
+    kind = kind_of(obj)
+    if kind in (KernelKind.LAUNCH, KernelKind.OTHER, KernelKind.BUNDLE):
+        raise UsageError(f"{what} is a {type(obj).__name__}, not a function or kernel")
+    if kind is KernelKind.FUNCTION and not sigs:
+        raise UsageError(f"{what} is a plain function: give its signature(s) with "
+                         "--sig 'void(float32[::1], ...)'")
+    try:
+        return through_the_door(obj, sigs, **overrides)
+    except TypeError as exc:
+        raise UsageError(f"{what} is {exc}" if kind is KernelKind.PTX else str(exc)) from None

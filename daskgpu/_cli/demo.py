@@ -178,7 +178,23 @@ def main(argv=None) -> int:
         parser.print_usage(sys.stderr)
         print(f"daskgpu demo: error: {exc}", file=sys.stderr)
         return 2
+    if ns.simulate is False:
+        _require_gpu()
     return 0 if run(size=ns.size, simulate=ns.simulate)["ok"] else 1
+
+
+def _require_gpu() -> None:
+    """``--no-simulate`` where there is no GPU: one line in the command line's own words
+    (the cluster's says ``simulate=True``, for Python)."""
+    from daskgpu._errors import DeviceError
+    from daskgpu._runtime import backends
+
+    found = backends.GPU.devices()
+    if not found.names:
+        raise DeviceError(
+            f"--no-simulate, but there is no CUDA GPU here ({found.reason}). Install the "
+            "NVIDIA driver and check CUDA_VISIBLE_DEVICES, or leave out --no-simulate "
+            "(without a GPU the demo runs in Numba's CUDA simulator)")
 
 
 if __name__ == "__main__":

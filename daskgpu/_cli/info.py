@@ -61,7 +61,8 @@ def machine_facts() -> dict:
     drv = backends.GPU.machine()
     njl = backends.GPU.linker_version()
     drv["max_ptx_isa"] = list(max_ptx_isa(drv["version"])) if drv["version"] else None
-    linker = njl or drv["version"]  # nvJitLink compiles the PTX when present
+    # nvJitLink compiles the PTX when present; without a driver nothing loads it at all.
+    linker = (njl or drv["version"]) if drv["version"] else None
     devices = drv.pop("devices")
     return {
         "daskgpu": __version__,

@@ -36,7 +36,7 @@ def _holds_array(typ) -> bool:
     return typ is not None and not isinstance(typ, _SCALAR_TYPES)
 
 
-def _writes_first_argument(fn_type) -> bool:
+def writes_first_argument(fn_type) -> bool:
     """Whether a CUDA intrinsic writes through its first argument.
 
     The atomics do, and so do the cache-hinted stores (``cuda.stcg``, ``stcs``,
@@ -50,7 +50,7 @@ def _writes_first_argument(fn_type) -> bool:
     return module == "numba.cuda.cache_hints" and name.startswith("st")
 
 
-def _grid_call(fn_type):
+def grid_call(fn_type):
     key = getattr(fn_type, "typing_key", None)
     name = getattr(key, "__name__", getattr(key, "_name", None))
     if name in ("grid", "gridsize") and "cuda" in repr(key) + getattr(key, "__module__", ""):
@@ -150,7 +150,7 @@ def analyse(type_annotation, nargs: int, _depth: int = 0) -> KernelAnalysis:
                 elif expr.op == "call":
                     writes |= _call_writes(expr, typemap, calltypes, of, _depth)
                     fn_type = typemap.get(expr.func.name)
-                    if _grid_call(fn_type) and expr.args:
+                    if grid_call(fn_type) and expr.args:
                         n = consts.get(expr.args[0].name, 1)
                         grid_ndim = max(grid_ndim, n if isinstance(n, int) else 1)
     written = frozenset(i for i in writes if i < nargs)
@@ -172,12 +172,12 @@ def _call_writes(expr, typemap, calltypes, of, depth) -> set:
         return touched | set(of(expr.func))
     if not touched:
         return set()
-    if _writes_first_argument(fn_type):
+    if writes_first_argument(fn_type):
         return set(arg_aliases[0]) if arg_aliases else set()
     if isinstance(fn_type, types.Function):
         key = getattr(fn_type, "typing_key", None)
         module = getattr(key, "__module__", "") or ""
-        if key in _READ_ONLY_BUILTINS or module in ("math", "cmath") or _grid_call(fn_type):
+        if key in _READ_ONLY_BUILTINS or module in ("math", "cmath") or grid_call(fn_type):
             return set()
         if module.startswith("numba.cuda"):
             # The other CUDA intrinsics (syncthreads, shared.array, fp16 math,

@@ -18,6 +18,7 @@ from daskgpu._compiler.link_inputs import (
     link_inputs,
     uses_bfloat16_shims,
 )
+from daskgpu._compiler.positions import position_uses
 from daskgpu._compiler.signatures import to_argspec
 from daskgpu._compiler.target import compiling_for
 from daskgpu._errors import CompileError
@@ -228,6 +229,7 @@ def compile_image(py_func, argtypes, options: CompileOptions) -> KernelImage:
         targets = tuple(max(cc, BFLOAT16_MIN_CC) for cc in options.targets)
         return compile_image(py_func, argtypes, replace(options, targets=targets))
     analysis = analyse(cres.type_annotation, len(argtypes))
+    positions = position_uses(cres.type_annotation, len(argtypes))
     links = modules + link_inputs(tuple(options.link) + tuple(extra), lowest, options,
                                   lto=options.lto)
     # Options at their defaults are left out, so that images (and their
@@ -259,6 +261,7 @@ def compile_image(py_func, argtypes, options: CompileOptions) -> KernelImage:
         ) + extra_options,
         versions=_versions(ptx[0][1]),
         exceptions=_exception_table(cres.call_helper) if options.debug else (),
+        positions=positions,
     )
 
 

@@ -17,7 +17,8 @@ from collections.abc import Mapping
 from typing import NamedTuple
 
 from daskgpu._bounded import BoundedCache
-from daskgpu._dask.placement import GPU, GPU_MEMORY, ensure_placement
+from daskgpu._dask.launch_core.resources import GPU, GPU_MEMORY
+from daskgpu._dask.placement import ensure_placement
 from daskgpu._dask.workers.plugin import DEVICE_METRIC, SIMULATED_METRIC
 from daskgpu._errors import PTXVersionError
 from daskgpu._image.ptx import max_ptx_isa, ptx_isa_version
@@ -49,6 +50,9 @@ class ClusterFacts(NamedTuple):
     gpu_memory: int = 0
     #: How many workers offer the ``GPU`` resource.
     gpu_workers: int = 0
+    #: The threads that run launches: those of the GPU workers, or of every worker
+    #: where none offers a GPU (simulated on plain workers); 0 without a cluster.
+    threads: int = 0
 
 
 #: What each cluster with GPU workers offers, by scheduler address (client side),
@@ -84,12 +88,17 @@ def _facts(workers: dict) -> ClusterFacts:
     """
     offers_gpu = simulates = False
     devices, memory, gpu_workers = [], 0, 0
+    gpu_threads = all_threads = 0
     for address, worker in sorted(workers.items()):
         worker = worker if isinstance(worker, Mapping) else {}
         resources = _mapping(address, "resources", worker.get("resources"))
         metrics = _mapping(address, "metrics", worker.get("metrics"))
         offers_gpu = offers_gpu or bool(resources.get(GPU))
         gpu_workers += bool(resources.get(GPU))
+        nthreads = worker.get("nthreads")
+        nthreads = nthreads if isinstance(nthreads, int) and nthreads > 0 else 1
+        all_threads += nthreads
+        gpu_threads += nthreads if resources.get(GPU) else 0
         simulates = simulates or bool(metrics.get(SIMULATED_METRIC))
         if metrics.get(DEVICE_METRIC):
             versions = _versions(metrics[DEVICE_METRIC])
@@ -109,7 +118,8 @@ def _facts(workers: dict) -> ClusterFacts:
                  "its offer is not counted when chunks are checked against what workers "
                  "offer; restart it with --resources GPU-memory=<bytes>, or without it")
     return ClusterFacts(offers_gpu=offers_gpu, simulates=simulates, devices=tuple(devices),
-                        gpu_memory=memory, gpu_workers=gpu_workers)
+                        gpu_memory=memory, gpu_workers=gpu_workers,
+                        threads=gpu_threads if offers_gpu else all_threads)
 
 
 def _mapping(address, what, value) -> Mapping:
@@ -173,8 +183,8 @@ def cluster_facts() -> ClusterFacts:
 
     Examples
     --------
-    >>> cluster_facts()  # no client here
-    ClusterFacts(offers_gpu=False, simulates=False, devices=(), gpu_memory=0, gpu_workers=0)
+    >>> cluster_facts() == ClusterFacts()  # no client here
+    True
     """
     if "distributed" not in sys.modules:  # no client can be current
         return ClusterFacts()

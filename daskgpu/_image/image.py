@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from daskgpu._image.argspec import ArgSpec, signature_str
+from daskgpu._image.position_uses import check_uses
 
 
 @dataclass(frozen=True)
@@ -56,6 +57,10 @@ class KernelImage:
         line))``, so that a worker raises it without the Python function.
     py_func : bytes or None
         The cloudpickled Python function, carried only for the simulator.
+    positions : tuple or None
+        How the kernel uses its thread's position (records of
+        :mod:`daskgpu._image.position_uses`), by which a map decides whether
+        grouping chunks can change its results; None where not recorded.
 
     Attributes
     ----------
@@ -101,6 +106,9 @@ class KernelImage:
     versions: tuple = ()
     exceptions: tuple = ()
     py_func: bytes | None = field(default=None, compare=False, repr=False)
+    # Read off the typed IR like ``writes``, but about what a map may group, not about
+    # the code: left out of the hash and of comparisons (None: not recorded).
+    positions: tuple | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self):
         if not self.ptx:
@@ -189,6 +197,8 @@ def image_fields(image: KernelImage) -> dict:
     }
     if image.exceptions:
         fields["exceptions"] = image.exceptions
+    if image.positions is not None:
+        fields["positions"] = image.positions
     if image.py_func is not None:  # simulator only; PTX-only images carry no trace of it
         fields["py_func"] = image.py_func
     return fields
@@ -211,6 +221,7 @@ def image_from_fields(fields: dict) -> KernelImage:
         (int(code), str(cls), tuple(args), tuple(loc) if loc is not None else None)
         for code, cls, args, loc in fields.get("exceptions", ())
     )
+    fields["positions"] = check_uses(fields.get("positions"), len(fields["args"]))
     return KernelImage(**fields)
 
 

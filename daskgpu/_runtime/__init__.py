@@ -17,6 +17,9 @@ module                   what it holds
 ``faults``               exceptions raised by kernels on the device
 ``metrics``              launch time by activity for whoever hosts the runtime; NVTX
 ``kernel_files``         kernel bundle files: ``dg.save`` / ``dg.load``
+``kernel_kinds``         what a user passed as a kernel, told once, by type
+``launch_task``          ``LaunchTask``: what a launch asks of scheduler and worker
+``launch_runs``          when each thread's launch began its run; stopping it
 ``numpy_shim``           numba-cuda 0.30 on NumPy 2.5, which removed ``np.row_stack``
 =======================  ==========================================================
 """

@@ -29,9 +29,11 @@ Numba's messages still matches; its class stays the kernel's.
 
 from __future__ import annotations
 
+import bisect
 import builtins
 import contextlib
 import contextvars
+import itertools
 import sys
 import weakref
 
@@ -133,48 +135,78 @@ def device_exception(image, code: int, tid, ctaid, dims=None) -> BaseException:
 # -- where a launch ran: named in the errors it raises ------------------------------------
 
 #: The ``map_kernel`` chunk whose launch this thread runs, as ``(block id, shape,
-#: offset)``; set by :func:`in_chunk`, read by :func:`launch_site`.
+#: offset, members)``; set by :func:`in_chunk`, read by :func:`launch_site`.
 _CHUNK = contextvars.ContextVar("daskgpu_chunk", default=None)
 
 
 @contextlib.contextmanager
-def in_chunk(name: str, block_id, shape, start):
+def in_chunk(name: str, block_id, shape, start, members=None):
     """Launches inside this block run on one ``map_kernel`` chunk: their errors name it.
 
     A kernel's exception and a CUDA error after its launch name the chunk in
     their message (:func:`launch_site`); any other exception raised inside
-    (a bad argument, say) gets the chunk as a note.
+    (a bad argument, say) gets the chunk as a note. ``members`` is given for a
+    launch over a group of the user's chunks: per axis, ``(index, start, sizes)``
+    of the chunks it holds; a thread's error then names the user's chunk it fell in.
 
     Examples
     --------
     >>> with in_chunk("saxpy", (2,), (100,), (200,)):
     ...     launch_site("saxpy", (1,), (128,))
     "kernel 'saxpy'<<<(1, 1, 1), (128, 1, 1)>>> on chunk (2,) at offset (200,)"
+    >>> with in_chunk("saxpy", (1,), (400,), (400,), ((4, 400, (100,) * 4),)):
+    ...     launch_site("saxpy")
+    "kernel 'saxpy' on chunks (4,) to (7,), one grouped launch at offset (400,)"
     """
-    chunk = (tuple(block_id), tuple(shape), tuple(start))
+    chunk = (tuple(block_id), tuple(shape), tuple(start), members)
     token = _CHUNK.set(chunk)
     try:
         yield
     except Exception as exc:
         if _chunk_words(chunk) not in str(exc) and hasattr(exc, "add_note"):
-            exc.add_note(f"daskgpu.map_kernel: launching {name} on chunk {chunk[0]} of "
-                         f"shape {chunk[1]}, offset {chunk[2]}")
+            if members is None:
+                exc.add_note(f"daskgpu.map_kernel: launching {name} on chunk {chunk[0]} of "
+                             f"shape {chunk[1]}, offset {chunk[2]}")
+            else:
+                exc.add_note(f"daskgpu.map_kernel: launching {name} {_chunk_words(chunk)} "
+                             "(map_kernel(group=False) launches each chunk alone)")
         raise
     finally:
         _CHUNK.reset(token)
 
 
-def _chunk_words(chunk) -> str:
-    return f"on chunk {chunk[0]} at offset {chunk[2]}"
+def _chunk_words(chunk, element=None) -> str:
+    """The chunk of a launch in words; with ``element`` (a position within a grouped
+    launch), the user's chunk that holds it."""
+    block_id, _, start, members = chunk
+    if members is None:
+        return f"on chunk {block_id} at offset {start}"
+    first = tuple(index for index, _, _ in members)
+    last = tuple(index + len(sizes) - 1 for index, _, sizes in members)
+    group = f"chunks {first} to {last}" if first != last else f"chunk {first}"
+    if element is None:
+        return f"on {group}, one grouped launch at offset {start}"
+    index, offset = [], []
+    for (i, begin, sizes), s, e in zip(members, start, element):
+        g = s + e  # the element's global index along this axis
+        if not begin <= g < begin + sum(sizes):
+            return f"in the halo of {group} (a grouped launch at offset {start})"
+        k = bisect.bisect_right(list(itertools.accumulate(sizes)), g - begin)
+        index.append(i + k)
+        offset.append(begin + sum(sizes[:k]))
+    return (f"on chunk {tuple(index)} at offset {tuple(offset)} (in a grouped launch over "
+            f"{group})")
 
 
 def _dims(dims) -> tuple:
     return pad3((dims,) if isinstance(dims, int) else tuple(dims))
 
 
-def launch_site(name: str, grid=None, block=None) -> str:
+def launch_site(name: str, grid=None, block=None, element=None) -> str:
     """Where a launch ran: the kernel, its grid and block as CUDA writes them
-    (``<<<grid, block>>>``, where known), and its ``map_kernel`` chunk if any.
+    (``<<<grid, block>>>``, where known), and its ``map_kernel`` chunk if any
+    (with ``element``, the thread's position in the launch, the user's chunk that
+    holds it where the launch covers several).
 
     Examples
     --------
@@ -185,7 +217,7 @@ def launch_site(name: str, grid=None, block=None) -> str:
     if grid is not None and block is not None:
         site += f"<<<{_dims(grid)}, {_dims(block)}>>>"
     chunk = _CHUNK.get()
-    return site if chunk is None else f"{site} {_chunk_words(chunk)}"
+    return site if chunk is None else f"{site} {_chunk_words(chunk, element)}"
 
 
 def thread_site(name: str, grid, block, thread, cta, line=None) -> str:
@@ -198,10 +230,39 @@ def thread_site(name: str, grid, block, thread, cta, line=None) -> str:
     --------
     >>> thread_site("check", (2,), (64,), (39, 0, 0), (1, 0, 0), ("k.py", 7))
     "kernel 'check'<<<(2, 1, 1), (64, 1, 1)>>>, thread (39, 0, 0) of block (1, 0, 0), at k.py:7"
+    >>> with in_chunk("check", (1,), (400,), (400,), ((4, 400, (100,) * 4),)):
+    ...     thread_site("check", (4,), (100,), (50, 0, 0), (2, 0, 0))
+    "kernel 'check'<<<(4, 1, 1), (100, 1, 1)>>> on chunk (6,) at offset (600,) (in a \
+grouped launch over chunks (4,) to (7,)), thread (50, 0, 0) of block (2, 0, 0)"
     """
     where = "" if line is None else f", at {line[0]}:{line[1]}"
-    return (f"{launch_site(name, grid, block)}, thread {tuple(thread)} of block "
+    element = _element(block, thread, cta)
+    return (f"{launch_site(name, grid, block, element)}, thread {tuple(thread)} of block "
             f"{tuple(cta)}{where}")
+
+
+def _element(block, thread, cta):
+    """The position in its grouped launch's chunk of the thread ``thread`` of block
+    ``cta``: per axis for a launch of the chunk's rank, unravelled for a flat one; None
+    where no grouped launch runs, or the thread lies beyond the chunk."""
+    chunk = _CHUNK.get()
+    if chunk is None or chunk[3] is None or block is None:
+        return None
+    shape, dims = chunk[1], _dims(block)
+    if len(shape) == 1 or all(d == 1 for d in dims[1:]) and all(c == 0 for c in cta[1:]):
+        flat = cta[0] * dims[0] + thread[0]
+        size = 1
+        for n in shape:
+            size *= n
+        if flat >= size:
+            return None
+        element = []
+        for n in reversed(shape):  # C order, as the chunk's elements lie
+            flat, r = divmod(flat, n)
+            element.append(r)
+        return tuple(reversed(element))
+    element = tuple(cta[a] * dims[a] + thread[a] for a in range(len(shape)))
+    return element if all(e < n for e, n in zip(element, shape)) else None
 
 
 def relocated(exc: BaseException, site: str) -> BaseException:

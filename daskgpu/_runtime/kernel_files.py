@@ -22,6 +22,7 @@ from daskgpu._image.bundle import (
     read_bundle_bytes,
     signing_key,
 )
+from daskgpu._runtime.kernel_kinds import KernelKind, kind_of
 from daskgpu._runtime.ptx_kernel import PTXKernel
 
 if TYPE_CHECKING:
@@ -88,15 +89,16 @@ def save(kernel: Launchable, path: str | os.PathLike[str], *,
 
 
 def _images_of(kernel) -> tuple:
-    if isinstance(kernel, PTXKernel):
+    kind = kind_of(kernel)
+    if kind is KernelKind.PTX:
         return kernel.images
-    if callable(getattr(kernel, "ptx_kernel", None)):  # a daskgpu Kernel
+    if kind is KernelKind.KERNEL:
         if not kernel.images:
             kernel.ptx_kernel()  # raises PicklingError naming the fix
         # Its compiled images, PTX only: ptx_kernel() adds the Python function
         # while daskgpu.simulate is on, and a bundle never holds it.
         return kernel.images
-    if hasattr(kernel, "py_func") and hasattr(kernel, "targetoptions"):
+    if kind is KernelKind.DISPATCHER:
         raise PicklingError(
             f"dg.save takes a daskgpu kernel, got a numba dispatcher "
             f"{getattr(kernel, '__name__', kernel)!r}; wrap it first: "

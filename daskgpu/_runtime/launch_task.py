@@ -5,7 +5,7 @@ Every callable that launches a kernel inside a Dask task (a submitted
 fused pair of them) is a :class:`LaunchTask`. The scheduler's placement reads
 it to keep the task on GPU workers and to ask for the device memory it needs;
 the worker's launch watch reads it for the time limit. Both find it through
-one walk over Dask's task specs (:func:`daskgpu._dask.placement.launches_in`),
+one walk over Dask's task specs (:func:`daskgpu._dask.launch_core.walk.launches_in`),
 by type, never by probing attributes.
 """
 

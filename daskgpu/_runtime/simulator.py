@@ -307,14 +307,27 @@ _raised_lock = threading.Lock()
 
 
 def _raising_line(exc, codes):
-    """``(file, line)`` of the innermost frame of ``exc`` in the kernel or a device function."""
+    """``(file, line)`` of the innermost frame of ``exc`` in the kernel or a device function.
+
+    A function shipped by value (an image's) has its code's file named
+    :data:`_SHIPPED` by cloudpickle, which keeps its module's ``__file__`` among
+    its globals: the user's file is that.
+    """
     line = None
     tb = exc.__traceback__
     while tb is not None:
-        if tb.tb_frame.f_code in codes:
-            line = (tb.tb_frame.f_code.co_filename, tb.tb_lineno)
+        frame = tb.tb_frame
+        if frame.f_code in codes:
+            file = frame.f_code.co_filename
+            if file == _SHIPPED:
+                file = frame.f_globals.get("__file__") or file
+            line = (file, tb.tb_lineno)
         tb = tb.tb_next
     return line
+
+
+#: The file cloudpickle names for the code of a function it pickled by value.
+_SHIPPED = "<dynamic-code>"
 
 
 def _fresh(arg: Zeroed):

@@ -103,6 +103,18 @@ def test_info_without_driver_explains_and_exits_0(monkeypatch, capsys):
     assert "daskgpu demo --simulate" in out and "LocalGPUCluster(simulate=True)" in out
 
 
+def test_info_without_driver_claims_no_ptx_it_loads(monkeypatch, capsys):
+    # nvJitLink is there, but without a driver nothing loads PTX: it said "up to ISA 8.8".
+    monkeypatch.setattr(backends.GPU, "machine", _facts(NO_DRIVER))
+    monkeypatch.setattr(backends.GPU, "linker_version", lambda: (12, 9))
+    assert main(["info"]) == 0
+    out = capsys.readouterr().out
+    assert "nvJitLink     12.9 (reads PTX ISA up to 8.8)" in out
+    assert "loads PTX" not in out
+    assert main(["info", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["max_ptx_isa"] is None
+
+
 def test_info_lists_devices_and_ptx_limits(monkeypatch, capsys):
     monkeypatch.setattr(backends.GPU, "machine", _facts(TWO_GPUS))
     monkeypatch.setattr(backends.GPU, "linker_version", lambda: None)
@@ -484,5 +496,7 @@ def test_demo_on_a_gpu_without_one_exits_2_in_one_line(capsys):
     # 2: "a command this machine cannot run", as `daskgpu --help` says (it was 1).
     assert main(["demo", "--no-simulate"]) == 2
     (line,) = capsys.readouterr().err.splitlines()
-    assert line.startswith("daskgpu demo: error: no CUDA GPU to run workers on")
-    assert "simulate=True" in line
+    # In the command line's own words: it told a command-line user to "pass simulate=True".
+    assert line.startswith("daskgpu demo: error: --no-simulate, but there is no CUDA GPU "
+                           "here (")
+    assert "leave out --no-simulate" in line and "simulate=True" not in line

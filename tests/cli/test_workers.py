@@ -14,15 +14,12 @@ from kit.restart import SLOW_MODULE, lose_the_context
 from numba import cuda
 
 import daskgpu as dg
-from daskgpu import _config
 from daskgpu._cli import main as cli
 from daskgpu._cli.main import main
 from daskgpu._cli.workers import nanny_options, run_workers
 from daskgpu._dask.workers.gpu_worker import WORKER_START_TIMEOUT
 from daskgpu._runtime import backends
 from daskgpu._runtime.backends.base import Devices
-
-_config.register()  # before dask.config.set, so the defaults outlive its blocks
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 

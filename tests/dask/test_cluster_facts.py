@@ -13,8 +13,6 @@ import daskgpu as dg
 from daskgpu._dask import cluster_facts
 from daskgpu._dask.workers.plugin import DEVICE_METRIC
 
-dg._config.register()  # before dask.config.set, so the defaults outlive its blocks
-
 
 def _report_old_linker(dask_worker):
     # What the plugin of a worker with an old nvJitLink sends with its heartbeats.

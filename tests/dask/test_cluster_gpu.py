@@ -45,10 +45,7 @@ from distributed import Client, get_task_stream, wait
 from numba import cuda
 
 import daskgpu as dg
-from daskgpu import _config
-from daskgpu._dask.placement import runs_launch
-
-_config.register()
+from daskgpu._dask.launch_core.walk import runs_launch
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 PLAIN = "plain-cpu"

@@ -13,8 +13,6 @@ import daskgpu as dg
 from daskgpu import _config
 from daskgpu._runtime import backends
 
-_config.register()  # before dask.config.set, so the defaults outlive its blocks
-
 
 @dg.jit("void(float32[::1])")
 def iota(out):

@@ -22,7 +22,7 @@ SCRIPT = textwrap.dedent('''
     from numba import cuda
     import daskgpu as dg
     from daskgpu._dask.map_kernel.api import expressions_enabled
-    from daskgpu._dask.placement import runs_launch
+    from daskgpu._dask.launch_core.walk import runs_launch
 
     @dg.jit
     def scale(out, a, x):

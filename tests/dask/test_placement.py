@@ -20,22 +20,14 @@ import pytest
 from dask.utils import key_split
 from distributed import Client, get_task_stream, wait
 from distributed.diagnostics.plugin import SchedulerPlugin
+from kit.kernels import scale
 from layers import EXPRESSIONS, hlg_only, launch_restrictions
-from numba import cuda
 
 import daskgpu as dg
-from daskgpu import _config
-from daskgpu._dask.placement import LAUNCH_SHARE, GPUPlacement, runs_launch
+from daskgpu._dask.launch_core.resources import LAUNCH_SHARE
+from daskgpu._dask.launch_core.walk import runs_launch
+from daskgpu._dask.placement import GPUPlacement, ensure_placement
 from daskgpu._runtime.launch_task import LaunchTask
-
-_config.register()
-
-
-@dg.jit("void(float32[::1], float32, float32[::1])")
-def scale(out, a, x):
-    i = cuda.grid(1)
-    if i < out.size:
-        out[i] = a * x[i]
 
 
 def _start(argv, env, log):
@@ -158,9 +150,9 @@ def test_the_launch_and_its_chunk_are_found_inside_fused_tasks(blocks):
     # worker's time limit both read them there, and the memory of each task's own block.
     from types import SimpleNamespace
 
-    from daskgpu._dask.map_kernel.graph_hlg import EMBED_BYTES
-    from daskgpu._dask.placement import device_bytes
-    from daskgpu._dask.workers.watchdog import launch_of
+    from daskgpu._dask.launch_core.asks import device_bytes
+    from daskgpu._dask.launch_core.walk import held_in, launch_of
+    from daskgpu._dask.map_kernel.graphs.hlg import EMBED_BYTES
 
     with dask.config.set({"daskgpu.simulate": True}):
         x = da.zeros(2 * blocks - 1, chunks=2, dtype=np.float32)  # the last block of 1
@@ -174,7 +166,7 @@ def test_the_launch_and_its_chunk_are_found_inside_fused_tasks(blocks):
     tasks = {k: t for k, t in graph.items() if runs_launch(t)}
     assert len(tasks) == blocks and all(t.has_subgraph() for t in tasks.values())
     for key, task in tasks.items():
-        launch = launch_of(task, held)
+        launch = launch_of(task, held_in(held))
         assert launch is not None and launch.timeout == 7, key
         assert device_bytes(task, scheduler) == 8 * x.chunks[0][key[1]], key
 
@@ -309,3 +301,31 @@ def test_a_launch_that_asks_for_the_whole_gpu_keeps_it():
         wait(y)
         assert list(launch_restrictions(client).values()) == [{"GPU": 1}] * 2
         assert (y.compute() == 2.0).all()
+
+
+@pytest.mark.slow
+def test_a_launch_restricted_to_a_worker_without_a_gpu_is_refused_at_once(mixed_cluster):
+    # The caller's workers= allows only the plain worker; placement adds the GPU ask: no
+    # worker can take it, and it must not wait for ever (nor for the no-worker timeout).
+    client = mixed_cluster
+    ensure_placement(client)  # as a map or LocalGPUCluster does (a bare submit does not)
+    plain = _plain_worker(client)
+    message = (r"^kernel 'scale' \(task .*\) asks for GPU=0.000976562, and is restricted to "
+               rf"workers=\['{plain}'\], of which none offers that: they offer {plain}: "
+               r"nothing; restrict it to a GPU worker")
+    x = np.arange(8, dtype=np.float32)
+    started = time.monotonic()
+    future = client.submit(scale.forall(8), np.zeros_like(x), 2.0, x, workers=[plain],
+                           pure=False)
+    with pytest.raises(Exception, match=message) as caught:
+        future.result(timeout=60)
+    assert len(str(caught.value).splitlines()) == 1
+    xd = da.arange(64, chunks=32, dtype=np.float32)
+    y = dg.map_kernel(scale, dg.Out(np.float32, like=xd), 2.0, xd)
+    with pytest.raises(Exception, match=message):
+        client.compute(y, workers=[plain]).result(timeout=60)
+    assert time.monotonic() - started < 30  # daskgpu.no-worker-timeout is 120 s
+    # Allowed elsewhere too, it runs on a GPU worker.
+    out = client.submit(scale.forall(8), np.zeros_like(x), 2.0, x, workers=[plain],
+                        allow_other_workers=True, pure=False).result(timeout=60)
+    np.testing.assert_array_equal(out, 2 * x)

@@ -9,22 +9,14 @@ import dask.array as da
 import numpy as np
 import pytest
 from distributed import Client, get_task_stream, wait
+from kit.kernels import double
 from numba import cuda
 from numba.cuda.random import xoroshiro128p_uniform_float32
 
 import daskgpu as dg
-from daskgpu._dask.placement import GPU_MEMORY
-
-dg._config.register()  # before dask.config.set, so the defaults outlive its blocks
+from daskgpu._dask.launch_core.resources import GPU_MEMORY
 
 OFFER = 64 * 1024  # a simulated device of 64 KiB
-
-
-@dg.jit("void(float32[::1], float32[::1])")
-def double(out, x):
-    i = cuda.grid(1)
-    if i < out.size:
-        out[i] = 2 * x[i]
 
 
 @pytest.fixture(scope="module")
@@ -163,6 +155,23 @@ def test_a_launch_reading_a_future_not_yet_computed_asks_for_it_once_known(clien
     assert _asked(client, [f.key for f in launches]) == {f.key: 8 * n for f in launches}
     assert _launch_tasks(ts.data, "double-") == 2
     assert _most_at_once(ts.data) == 1
+
+
+def test_a_launch_whose_input_is_made_within_its_fused_task_asks_as_for_a_pending_one(client):
+    # Dask's low-level fusion of delayed puts the input's task inside the launch's: its
+    # size is not known until it runs, as for a future not yet computed, so the launch
+    # asks for the largest offer (it runs alone), never for its output's bytes alone.
+    n = 1000
+    with dask.config.set({"optimization.fuse.delayed": True}):
+        made = dask.delayed(_made_late)(n, dask_key_name=f"made-{time.monotonic_ns()}")
+        launch = dask.delayed(double.forall(n), pure=False)(np.zeros(n, np.float32), made)
+        graph = dict(launch.__dask_optimize__(launch.__dask_graph__(), launch.__dask_keys__()))
+        assert made.key not in graph  # fused
+        future = client.compute(launch)
+        np.testing.assert_array_equal(future.result(timeout=60),
+                                      2 * np.arange(n, dtype=np.float32))
+    (fused,) = [k for k in graph if k != launch.key]
+    assert _asked(client, [fused]) == {fused: OFFER}
 
 
 @dg.jit
@@ -319,7 +328,7 @@ def test_on_a_gpu_large_chunks_run_one_at_a_time_and_small_ones_four_at_a_time()
 
 
 def test_a_margin_at_or_above_the_device_memory_is_refused_not_an_offer_of_nothing():
-    from daskgpu._dask.placement import memory_offer
+    from daskgpu._dask.launch_core.resources import memory_offer
 
     # device-memory unset: this module's cluster sets it while it is open.
     with dask.config.set({"daskgpu.device-memory-margin": "2GiB",

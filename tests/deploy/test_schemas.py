@@ -1,10 +1,12 @@
 """deploy/kubernetes/daskcluster.yaml and deploy/compose.yaml against their schemas.
 
-The schemas are not part of this repository: the Dask Kubernetes operator's
-``DaskCluster`` CustomResourceDefinition and the Compose specification's JSON
-schema are read from ``DASKGPU_SCHEMAS`` (a directory), else from
-``../shared/schemas`` beside the checkout; where neither holds them, these tests
-skip. See that directory's README for their sources.
+The schemas are not part of this repository (:data:`SOURCES` says where each
+comes from): the Dask Kubernetes operator's ``DaskCluster``
+CustomResourceDefinition and the Compose specification's JSON schema are read
+from the directory ``DASKGPU_SCHEMAS`` names; where it does not hold them, these
+tests skip, saying where to get them. (The project's own machines keep them
+beside the checkout, in ``../shared/schemas``, which is looked in last.) The
+developer notes (docs/developer/layout.md) say the same.
 """
 
 from __future__ import annotations
@@ -23,12 +25,40 @@ DEPLOY = REPO / "deploy"
 jsonschema = pytest.importorskip("jsonschema")
 
 
-def _schema_file(name) -> pathlib.Path:
-    for directory in (os.environ.get("DASKGPU_SCHEMAS"), REPO.parent / "shared" / "schemas"):
+#: Where each schema comes from: its repository and file there (raw file URLs of
+#: GitHub: https://raw.githubusercontent.com/REPOSITORY/main/PATH).
+SOURCES = {
+    "daskcluster-crd.yaml": (
+        "the Dask Kubernetes operator's DaskCluster CustomResourceDefinition",
+        "dask/dask-kubernetes", "dask_kubernetes/operator/deployment/helm/"
+        "dask-kubernetes-operator/crds/daskcluster.yaml"),
+    "compose-spec.json": ("the Compose specification's JSON schema",
+                          "compose-spec/compose-spec", "schema/compose-spec.json"),
+}
+
+
+def _schema_file(name, directories=None) -> pathlib.Path:
+    if directories is None:
+        directories = (os.environ.get("DASKGPU_SCHEMAS"), REPO.parent / "shared" / "schemas")
+    for directory in directories:
         if directory and (pathlib.Path(directory) / name).is_file():
             return pathlib.Path(directory) / name
-    pytest.skip(f"schema {name} not found: set DASKGPU_SCHEMAS to a directory holding it "
-                "(default ../shared/schemas)")
+    what, repository, path = SOURCES[name]
+    pytest.skip(f"schema {name} not found ({what}, not kept in this repository): save "
+                f"{path} of the GitHub repository {repository} as {name} in a directory, "
+                "and set DASKGPU_SCHEMAS to that directory")
+
+
+@pytest.mark.parametrize("name", sorted(SOURCES))
+def test_a_missing_schema_skips_saying_where_it_comes_from(name, tmp_path):
+    # It named a path outside the repository ("default ../shared/schemas"), which a
+    # checkout elsewhere does not have, and not where the schema comes from.
+    with pytest.raises(pytest.skip.Exception) as skipped:
+        _schema_file(name, directories=[str(tmp_path)])
+    reason = str(skipped.value)
+    _, repository, path = SOURCES[name]
+    assert f"save {path} of the GitHub repository {repository} as {name}" in reason
+    assert "set DASKGPU_SCHEMAS" in reason and "../shared" not in reason
 
 
 def strict(schema):

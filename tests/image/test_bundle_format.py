@@ -21,8 +21,6 @@ from daskgpu._image.bundle import (
     read_bundle_bytes,
 )
 
-dg._config.register()
-
 
 def _rewrite(path, mutate, rehash=True):
     """Apply ``mutate`` to the bundle document; recompute the hash as a forger would."""
@@ -51,7 +49,8 @@ def test_file_is_readable_json_with_the_documented_layout(bundle):
     assert doc["format"] == "daskgpu-bundle" and doc["version"] == 1
     assert doc["daskgpu"] == dg.__version__
     assert set(doc["images"][0]) == {"name", "entry", "ptx", "args", "writes", "grid_ndim",
-                                     "links", "options", "versions", "exceptions"}
+                                     "links", "options", "versions", "exceptions",
+                                     "positions"}
     path = str(bundle)
     assert bundle.stat().st_size == decode_bundle(read_bundle_bytes(path), path)[1].size
 

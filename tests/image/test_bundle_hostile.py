@@ -14,8 +14,6 @@ import daskgpu as dg
 from daskgpu import BundleError
 from daskgpu._image.bundle import MAX_BYTES, decode_bundle, document, integrity
 
-dg._config.register()
-
 KEY = b"team-key"
 
 

@@ -19,6 +19,9 @@ import daskgpu as dg
 
 SAXPY_SIG = "void(float32[::1], float32, float32[::1], float32[::1])"
 AFFINE_SIG = "void(float64[::1], float64, float64[::1])"
+SCALE_SIG = "void(float32[::1], float32, float32[::1])"
+SCALE64_SIG = "void(float64[::1], float64, float64[::1])"
+DOUBLE_SIG = "void(float32[::1], float32[::1])"
 
 SAXPY_FILE = '''
 from numba import cuda
@@ -49,6 +52,30 @@ def saxpy(out, a, x, y):
 
 #: The same function compiled lazily, for the argument types of each first launch.
 saxpy_lazy = dg.jit(saxpy.py_func)
+
+
+@dg.jit(SCALE_SIG)
+def scale(out, a, x):
+    """``out = a * x`` in float32."""
+    i = cuda.grid(1)
+    if i < out.size:
+        out[i] = a * x[i]
+
+
+#: The same function in float64.
+scale64 = dg.jit(SCALE64_SIG)(scale.py_func)
+
+#: The same function compiled lazily, for the argument types of each first launch. A
+#: test that counts what a lazy kernel compiled makes its own: ``dg.jit(scale.py_func)``.
+scale_lazy = dg.jit(scale.py_func)
+
+
+@dg.jit(DOUBLE_SIG)
+def double(out, x):
+    """``out = 2 * x`` in float32."""
+    i = cuda.grid(1)
+    if i < out.size:
+        out[i] = 2 * x[i]
 
 
 @dg.jit(AFFINE_SIG)
@@ -148,3 +175,32 @@ def life(out, board):
             out[i, j] = 0
     elif i < n and j < m:
         out[i, j] = board[i, j]
+
+# -- kernels whose results depend on where their launch begins or ends -------------
+# map_kernel launches them once per chunk by default: grouping chunks would change them.
+
+@dg.jit
+def chunk_index(out):
+    """``out[i] = i``: each element's index within its chunk (a tile-local index)."""
+    i = cuda.grid(1)
+    if i < out.size:
+        out[i] = i
+
+
+@dg.jit
+def minus_first(out, x):
+    """``out[i] = x[i] - x[0]``: each element against its chunk's first one."""
+    i = cuda.grid(1)
+    if i < out.size:
+        out[i] = x[i] - x[0]
+
+
+@dg.jit
+def chunk_cumsum(out, x):
+    """A scan within each chunk: ``out[i] = x[0] + ... + x[i]`` of the chunk."""
+    i = cuda.grid(1)
+    if i < out.size:
+        total = 0.0
+        for k in range(i + 1):
+            total += x[k]
+        out[i] = total

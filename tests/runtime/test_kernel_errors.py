@@ -15,9 +15,6 @@ from numba import cuda
 import daskgpu as dg
 from daskgpu._runtime import faults
 
-dg._config.register()
-
-
 pytestmark = pytest.mark.usefixtures("simulate")  # every test here runs simulated
 
 
@@ -147,6 +144,24 @@ def test_a_shipped_image_names_its_kernel_too():
     with pytest.raises(ValueError, match=r"^kernel '_too_large'<<<\(2, 1, 1\), \(64, 1, 1\)>>>, "
                                          r"thread \(39, 0, 0\) of block \(1, 0, 0\)"):
         launch(np.zeros(128, np.float32))
+
+
+def _past_the_end(a):
+    i = cuda.grid(1)
+    a[i + 4] = 1.0
+
+
+def test_a_shipped_image_s_error_names_the_user_s_file_and_line():
+    # The shipped function is pickled by value, and cloudpickle names its code's file
+    # "<dynamic-code>": the error named <dynamic-code>:N rather than this file.
+    import pickle
+
+    kernel = dg.jit("void(float32[::1])")(_past_the_end)
+    launch = pickle.loads(pickle.dumps(kernel[1, 4]))
+    with pytest.raises(IndexError) as info:
+        launch(np.zeros(4, np.float32))
+    line = _line_of(_past_the_end, "a[i + 4]")
+    assert f"of block (0, 0, 0), at {__file__}:{line}: tid=[0, 0, 0]" in str(info.value)
 
 
 def test_a_launch_after_a_failed_one_runs():

@@ -20,8 +20,6 @@ from daskgpu._runtime.kernel_files import read
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
-dg._config.register()
-
 
 def _forge(path, mutate):
     """Change a bundle as a forger would: content and its sha256 both rewritten."""

@@ -12,7 +12,7 @@ graph and materialize and optimize it (:func:`graph_memory`,
 :func:`graph_seconds`); on the run's cluster, also the time of
 ``client.compute`` per chunk. The graph rows need neither a GPU nor CuPy, and
 :func:`graph_cost` and :func:`graph_memory` are what
-``tests/dask/test_mapping_costs.py`` measures with.
+``tests/dask/map_kernel/test_mapping_costs.py`` measures with.
 
 The sections ``small-chunks`` and ``batch`` time many small chunks end to end,
 grouped into launches sized for the GPU, against one task a chunk.

@@ -3,9 +3,11 @@
 A store's chunks are sized for its disk (zarr chunks of 64 KiB to a few MiB),
 and Dask runs a few thousand tasks a second at best: one task per stored chunk
 leaves the GPU idle. A batch therefore gathers neighbouring chunks into groups
-by ``map_kernel``'s own rule (:func:`~daskgpu._dask.map_kernel.plan.group_chunks`,
-sized by :func:`~daskgpu._dask.map_kernel.plan.launch_bytes`: the
-``daskgpu.launch-bytes`` setting, at most a quarter of a worker's GPU memory).
+by ``map_kernel``'s own rule (:mod:`daskgpu._dask.launch_layout`: groups sized by the
+``daskgpu.launch-bytes`` setting, at most a quarter of a worker's GPU memory, and only
+for a kernel whose results cannot depend on where a launch begins or ends), and into at
+least :data:`PROGRESS_STEPS` tasks where the job has that many chunks, so that its
+progress moves and an interrupted job keeps what it finished.
 A group's task reads its region of each input in one piece, launches the
 kernel once over it, and stores every chunk of it in every output, recording
 each chunk in the ledger on its own, so that a resumed job still goes chunk by
@@ -24,7 +26,7 @@ import numpy as np
 
 from daskgpu._errors import BatchError
 
-__all__ = ["Layout", "check_group", "plan_layout"]
+__all__ = ["PROGRESS_STEPS", "Layout", "check_group", "plan_layout"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -137,9 +139,14 @@ def _runs(total, size) -> tuple:
     return (size,) * full + ((rest,) if rest else ())
 
 
+#: The fewest tasks a grouped job is cut into, where it has that many chunks: the steps
+#: its progress moves by and an interrupt keeps.
+PROGRESS_STEPS = 20
+
+
 def check_group(group):
-    """``group`` as ``run_batch`` takes it: None or True (the ``daskgpu.launch-bytes``
-    setting), False (one task a chunk), or a size in bytes or as a string.
+    """``group`` as ``run_batch`` takes it (see
+    :func:`~daskgpu._dask.launch_layout.check_group`), or a :class:`BatchError`.
 
     Examples
     --------
@@ -150,26 +157,22 @@ def check_group(group):
     ...
     daskgpu._errors.BatchError: group='lots': it must be a size from 0 to 1125899906842624 \
 bytes (1 PiB), such as "8GiB" or "512 MB"; give True or None (the daskgpu.launch-bytes \
-setting), False (one task a chunk) or a size, e.g. "64 MiB"
+setting), False (no grouping) or a size, e.g. "64 MiB"
     """
-    from daskgpu import _config
+    from daskgpu._dask.launch_layout import check_group as check
 
-    if group is None or isinstance(group, bool):
-        return group
     try:
-        _config.SETTINGS["launch-bytes"](group)
+        return check(group)
     except ValueError as exc:
-        raise BatchError(
-            f"group={group!r}: {exc}; give True or None (the daskgpu.launch-bytes setting), "
-            'False (one task a chunk) or a size, e.g. "64 MiB"') from None
-    return group
+        raise BatchError(str(exc)) from None
 
 
 def plan_layout(shape, chunksize, dtypes, group, cluster) -> Layout:
     """The tasks of a job over ``shape`` stored in ``chunksize``: groups of neighbouring
-    chunks that need about :func:`~daskgpu._dask.map_kernel.plan.launch_bytes` of device
-    memory each, as ``map_kernel`` groups them, or one chunk a task where the chunks are
-    not far smaller than that or ``group`` is False.
+    chunks that need about :func:`~daskgpu._dask.launch_layout.launch_bytes` of device
+    memory each, as ``map_kernel`` groups them, at least :data:`PROGRESS_STEPS` of them
+    (and one per GPU thread) where the chunks allow, or one chunk a task where the chunks
+    are not far smaller than that or ``group`` is False.
 
     ``dtypes`` are those of every input and output: what a launch holds per element.
     ``cluster`` is what the workers offer
@@ -179,17 +182,20 @@ def plan_layout(shape, chunksize, dtypes, group, cluster) -> Layout:
     --------
     >>> from daskgpu._dask.cluster_facts import ClusterFacts
     >>> f4 = np.dtype("float32")
-    >>> plan_layout((1 << 20,), (1024,), [f4, f4], "1 MiB", ClusterFacts()).per_task
+    >>> plan_layout((1 << 24,), (1024,), [f4, f4], "1 MiB", ClusterFacts()).per_task
     (128,)
+    >>> plan_layout((40 * 1024,), (1024,), [f4, f4], "1 MiB", ClusterFacts()).per_task
+    (2,)
     >>> plan_layout((1 << 20,), (1024,), [f4, f4], False, ClusterFacts()).per_task
     (1,)
     """
-    from daskgpu._dask.map_kernel.plan import group_chunks, launch_bytes
+    from daskgpu._dask.launch_layout import group_chunks, launch_bytes
 
     ones = (1,) * len(shape)
     per_element = sum(np.dtype(d).itemsize for d in dtypes)
     stored = tuple(_runs(s, c) for s, c in zip(shape, chunksize))
-    grouped = group_chunks(stored, per_element, launch_bytes(group, cluster))
+    grouped = group_chunks(stored, per_element, launch_bytes(group, cluster),
+                           min_groups=max(PROGRESS_STEPS, cluster.threads))
     if grouped is None:
         return Layout(tuple(shape), tuple(chunksize), ones)
     # Regular chunks make regular groups: the first of each axis gives the count.

@@ -191,20 +191,21 @@ def run_batch(kernel, inputs, outputs, *, scalars=(), order=None, chunks=None, c
                 stack.enter_context(dask.config.set({"daskgpu.simulate": bool(simulate)}))
             job = plan_job(stack, kernel, inputs, outputs, scalars, order, chunks, resume,
                            _simulated(client, simulate))
+            hazards = _hazards(job)
             # The settings' own layout: no worker's GPU memory caps its groups.
-            layout = _layout(job, group, ClusterFacts())
+            layout = _layout(job, group, ClusterFacts(), hazards)
             job, launches = _verified(job, client, layout)
             # A local cluster starts only for chunks to compute. Before it exists, done
             # chunks all launched in the settings' layout need none.
             if client is None and max_chunks != 0 and (
-                    job.todo or _launched_elsewhere(job, launches, layout)):
+                    job.todo or _launched_elsewhere(job, launches, layout, hazards)):
                 client = local_client(stack, devices, simulate)
             if client is not None:
                 stack.enter_context(client.as_current())  # map_kernel asks it for GPUs
                 # The one layout of the run: the chunks are written in it, and a done
                 # chunk that an earlier run launched over another region is stale.
-                layout = _layout(job, group, cluster_facts())
-            job = _relaid(job, launches, layout)
+                layout = _layout(job, group, cluster_facts(), hazards, warn=True)
+            job = _relaid(job, launches, layout, hazards)
             return _execute(job, client, retries, progress, max_chunks, layout)
     except Exception:
         if given is not None:
@@ -235,29 +236,15 @@ def batch_kernel(kernel):
     >>> batch_kernel(double)
     <daskgpu.Kernel double signatures=[]>
     """
-    import inspect
-    import os
+    from daskgpu._compiler.as_kernel import as_kernel
+    from daskgpu._runtime.kernel_kinds import KernelKind, kind_of
 
-    if isinstance(kernel, str | os.PathLike):
-        from daskgpu._runtime.kernel_files import load
-
-        return load(kernel)
-    if hasattr(kernel, "py_func") and hasattr(kernel, "targetoptions"):  # numba.cuda.jit
-        from daskgpu._compiler.kernel import kernel as from_numba
-
-        return from_numba(kernel)
-    if inspect.isfunction(kernel):
-        from daskgpu._compiler.kernel import jit
-
-        return jit(kernel)
-    from daskgpu._runtime.launch import LaunchAPI
-
-    if not isinstance(kernel, LaunchAPI):  # a daskgpu kernel, lazy or PTX only
+    if kind_of(kernel) in (KernelKind.LAUNCH, KernelKind.OTHER):
         raise BatchError(
             f"run_batch takes a kernel: one made by dg.jit or dg.kernel or loaded by "
             f"dg.load, a plain Python function in Numba's CUDA dialect, a numba.cuda.jit "
             f"dispatcher, or the path of a .dgk bundle; got {_shown(kernel)}")
-    return kernel
+    return as_kernel(kernel)
 
 
 def _shown(value) -> str:
@@ -342,19 +329,45 @@ def _verified(job, client, layout) -> tuple:
     return _stale(job, [c for c in sorted(job.done) if c not in launches]), launches
 
 
-def _launched_elsewhere(job, launches, layout) -> list:
+def _launched_elsewhere(job, launches, layout, hazards) -> list:
     """The done chunks of ``job`` whose recorded launch (``launches``) is not the one
-    ``layout`` makes for them, in grid order.
+    ``layout`` makes for them, in grid order; none where the kernel's results cannot
+    depend on its launch's region (no ``hazards``).
 
     A kernel sees its launch as one chunk: one whose result depends on where
     that begins or ends (chunk-local indices) computes such a chunk otherwise.
     """
+    if not hazards:
+        return []
     return [c for c in sorted(job.done) if launches[c] != layout.launch_of(c)]
 
 
-def _relaid(job, launches, layout) -> PlannedJob:
-    """``job`` with the done chunks launched otherwise than ``layout`` launches them stale."""
-    return _stale(job, _launched_elsewhere(job, launches, layout))
+def _relaid(job, launches, layout, hazards) -> PlannedJob:
+    """``job`` with the done chunks launched otherwise than ``layout`` launches them stale
+    (where that can change them)."""
+    return _stale(job, _launched_elsewhere(job, launches, layout, hazards))
+
+
+def _hazards(job) -> tuple:
+    """Why launching a group of ``job``'s chunks as one could change what its kernel
+    computes: ``map_kernel``'s rule (:func:`~daskgpu._dask.launch_layout.grouping_hazards`)
+    for the job's arguments."""
+    from daskgpu._dask.map_kernel.api import graph_layer
+    from daskgpu._dask.map_kernel.plan import plan_map
+
+    try:
+        return plan_map(job.kernel, _map_arguments(job, job.arrays), group=False,
+                        layer=graph_layer()).hazards
+    except (TypeError, CompileError) as exc:
+        raise misfit_error(job.kernel, job.order, job.arguments, exc) from None
+
+
+def _map_arguments(job, arrays) -> list:
+    """The job's kernel arguments for ``map_kernel`` over ``arrays``: outputs as ``Out``."""
+    from daskgpu._dask.map_kernel.api import Out
+
+    return [Out(a, like=arrays[0]) if isinstance(a, np.dtype) else a
+            for a in job.arguments_with(arrays)]
 
 
 def _stale(job, chunks) -> PlannedJob:
@@ -368,11 +381,22 @@ def _stale(job, chunks) -> PlannedJob:
                                stale=tuple(sorted({*job.stale, *chunks})))
 
 
-def _layout(job, group, cluster) -> Layout:
-    """How ``job``'s chunks are gathered into tasks (:mod:`.groups`)."""
+def _layout(job, group, cluster, hazards, warn=False) -> Layout:
+    """How ``job``'s chunks are gathered into tasks (:mod:`.groups`): by default, grouped
+    only where its kernel's results cannot depend on where a launch begins or ends (no
+    ``hazards``); ``warn``: say so where grouping would have cut the tasks fourfold."""
     dtypes = [a.dtype for a in job.arrays] + [a for a in job.arguments
                                               if isinstance(a, np.dtype)]
-    return plan_layout(job.first.shape, job.chunksize, dtypes, group, cluster)
+    layout = plan_layout(job.first.shape, job.chunksize, dtypes, group, cluster)
+    if group is not None or not hazards or not layout.grouped:
+        return layout
+    alone = layout.alone()
+    if warn and alone.tasks >= 4 * layout.tasks:
+        from daskgpu._dask.map_kernel.plan import warn_per_chunk
+
+        warn_per_chunk(getattr(job.kernel, "__name__", "kernel"), hazards, alone.tasks,
+                       layout.tasks, fix="pass group=True (daskgpu batch --group SIZE)")
+    return alone
 
 
 def _write_tasks(job, layout, mask=None):
@@ -383,11 +407,10 @@ def _write_tasks(job, layout, mask=None):
     """
     import dask.array as da
 
-    from daskgpu._dask.map_kernel.api import Out, map_kernel
+    from daskgpu._dask.map_kernel.api import map_kernel
 
     arrays = job.read_in(layout)
-    arguments = [Out(a, like=arrays[0]) if isinstance(a, np.dtype) else a
-                 for a in job.arguments_with(arrays)]
+    arguments = _map_arguments(job, arrays)
     try:
         # The tasks are grouped here, where the inputs are read: map_kernel must
         # keep them, since a write task and the ledger go by the layout's tasks.

@@ -3,7 +3,7 @@
 :func:`map_kernel` validates and plans the call once (:func:`.plan.plan_map`,
 a :class:`~.plan.MapPlan`), then builds its tasks on the graph layer that
 ``dask.array`` runs on in this process: the HighLevelGraph
-(:mod:`.graph_hlg`) or array expressions (:mod:`.graph_expr`,
+(:mod:`.graphs.hlg`) or array expressions (:mod:`.graphs.expr`,
 ``array.query-planning``), which answer the same few questions (align the
 chunks, halos, the launch layer, the combine). Each task holds a
 :class:`~.chunk_task.ChunkLaunch`, what runs on the worker, and gets its own
@@ -23,6 +23,7 @@ import numpy as np
 
 from daskgpu._config import flag
 from daskgpu._dask.cluster_facts import check_chunk_fits
+from daskgpu._dask.launch_core.resources import GPU, GPU_MEMORY, LAUNCH_SHARE
 from daskgpu._dask.map_kernel.arguments import Out, offset
 from daskgpu._dask.map_kernel.chains import ChainLink, chains, fuse
 from daskgpu._dask.map_kernel.chunk_params import (
@@ -32,11 +33,11 @@ from daskgpu._dask.map_kernel.chunk_params import (
     StatesParam,
 )
 from daskgpu._dask.map_kernel.chunk_task import ChunkLaunch, ChunkMemory
-from daskgpu._dask.map_kernel.graph_hlg import HLGLayer
+from daskgpu._dask.map_kernel.graphs.hlg import HLGLayer
+from daskgpu._dask.map_kernel.graphs.layer import GraphLayer
 from daskgpu._dask.map_kernel.keywords import check_chunks
 from daskgpu._dask.map_kernel.plan import MapPlan, plan_map
 from daskgpu._dask.map_kernel.reduction import mapped_axes
-from daskgpu._dask.placement import GPU, GPU_MEMORY, LAUNCH_SHARE
 from daskgpu._image.random_states import STATE_DTYPE
 
 __all__ = ["Out", "graph_layer", "map_kernel", "offset"]
@@ -254,13 +255,13 @@ def map_kernel(kernel, *args, depth=None, boundary=None, tpb=0, name=None, grid_
     return _combined(results, plan, layer)
 
 
-def graph_layer():
+def graph_layer() -> GraphLayer:
     """The graph layer that ``dask.array`` runs on here: expressions or HighLevelGraph."""
     if not expressions_enabled():
-        return HLGLayer
-    from daskgpu._dask.map_kernel.graph_expr import ExprLayer
+        return HLGLayer()
+    from daskgpu._dask.map_kernel.graphs.expr import ExprLayer
 
-    return ExprLayer
+    return ExprLayer()
 
 
 def expressions_enabled() -> bool:
@@ -308,13 +309,31 @@ def _halo(plan: MapPlan, layer):
     return overlapped, tuple(int(depth[ax]) for ax in range(ndim)), left, (depth, boundary)
 
 
-def _places(block_chunks, out_chunks, halo, left) -> ChunkPlaces:
-    """Each block's id, shape and start: a halo moves a chunk's start down by its depth."""
+def _places(block_chunks, out_chunks, halo, left, user_chunks=None) -> ChunkPlaces:
+    """Each block's id, shape and start: a halo moves a chunk's start down by its depth.
+    Grouped (``user_chunks`` given), each also names the user's chunks it holds."""
     starts = []
     for chunks, depth, edge in zip(out_chunks, halo, left):
         axis = np.cumsum((0,) + tuple(chunks[:-1])).tolist()
         starts.append(tuple(s - depth if b > 0 or edge else s for b, s in enumerate(axis)))
-    return ChunkPlaces(block_chunks, starts)
+    members = None
+    if user_chunks is not None:
+        members = tuple(_members_per_group(u, g) for u, g in zip(user_chunks, out_chunks))
+    return ChunkPlaces(block_chunks, starts, members)
+
+
+def _members_per_group(user, grouped) -> tuple:
+    """Per group of one axis: its first user chunk's index and start, and the user chunks'
+    sizes within it."""
+    out, it, index, start = [], iter(user), 0, 0
+    for g in grouped:
+        sizes, total = [], 0
+        while total < g:
+            sizes.append(next(it))
+            total += sizes[-1]
+        out.append((index, start, tuple(sizes)))
+        index, start = index + len(sizes), start + total
+    return tuple(out)
 
 
 def _build(plan: MapPlan, layer) -> tuple:
@@ -327,12 +346,14 @@ def _build(plan: MapPlan, layer) -> tuple:
     # Outputs are allocated in the task that launches on them: a task per
     # output chunk would double the graph and the scheduler's work.
     block_chunks = broadcast_chunks(*(b.chunks for b in blocks))
-    places = _places(block_chunks, plan.out_chunks, halo, left)
+    places = _places(block_chunks, plan.out_chunks, halo, left,
+                     plan.user_chunks if plan.grouped else None)
     task_args = plan.task_sources(blocks)
     need = _chunk_memory(plan, task_args, block_chunks)
     check_chunk_fits(need.most, plan.kernel_name, plan.cluster)
     fn = ChunkLaunch(plan.kernel, plan.param_objects, tuple(r.index for r in plan.returns),
-                     plan.rank, plan.tpb, plan.on_device, timeout=plan.timeout, memory=need)
+                     plan.rank, plan.tpb, plan.on_device, timeout=plan.launch_timeout,
+                     memory=need)
     if not any(halo) and flag("fuse-chains", True):
         fused, fused_args = fuse(fn, task_args, plan, blocks, block_chunks)
         # A fused task holds every launch's arrays at once: where that is more than any

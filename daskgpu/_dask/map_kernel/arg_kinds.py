@@ -22,6 +22,7 @@ from typing import Any, ClassVar, NamedTuple
 import numpy as np
 
 from daskgpu._dask.map_kernel.arguments import Out, offset, unknown_sizes
+from daskgpu._dask.map_kernel.arrays import native_fix, plain_dtype
 from daskgpu._dask.map_kernel.chunk_params import (
     ChunkParam,
     FlatChunkParam,
@@ -32,8 +33,6 @@ from daskgpu._dask.map_kernel.chunk_params import (
     StatesParam,
     ValueParam,
     WholeParam,
-    native_fix,
-    plain_dtype,
 )
 from daskgpu._image.random_states import STATE_DTYPE, RandomStates
 

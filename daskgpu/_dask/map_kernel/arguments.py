@@ -16,7 +16,7 @@ from numbers import Integral
 import numpy as np
 
 from daskgpu._dask.map_kernel import reduction
-from daskgpu._dask.map_kernel.chunk_params import array_module, is_cupy, native_fix
+from daskgpu._dask.map_kernel.arrays import array_module, is_cupy, native_fix
 
 __all__ = ["Out", "mapped_rank", "offset", "unknown_sizes"]
 

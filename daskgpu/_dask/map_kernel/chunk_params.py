@@ -33,55 +33,18 @@ import numpy as np
 from dask._task_spec import DataNode
 from dask.layers import ArrayBlockwiseDep
 
+from daskgpu._dask.launch_core.task import ChunkPlace
+
+# What both halves of a map ask of arrays; is_cupy is named here for the plan's import.
+from daskgpu._dask.map_kernel.arrays import is_cupy  # noqa: F401
 from daskgpu._image.array_info import Zeroed
 from daskgpu._runtime.launch import unwrap
 
 __all__ = [
     "ChunkContext", "ChunkParam", "ChunkPlaces", "FlatChunkParam", "FlatOutParam", "FlatView",
     "OffsetParam", "OutParam", "PerChunkParam", "StatesParam", "ValueParam", "WholeParam",
-    "array_module", "flat_view", "fresh", "is_cupy", "native_fix", "plain_dtype",
+    "flat_view", "fresh",
 ]
-
-
-def is_cupy(value) -> bool:
-    """Whether ``value`` is a CuPy array (told by its type's module: CuPy is not imported)."""
-    return type(value).__module__.partition(".")[0] == "cupy"
-
-
-def array_module(use_cupy: bool):
-    """CuPy when ``use_cupy``, else NumPy: the module a chunk's outputs are made with."""
-    if use_cupy:
-        import cupy
-
-        return cupy
-    return np
-
-
-def plain_dtype(dtype):
-    """``dtype`` as its short string, which pickles small, unless that loses record fields."""
-    dtype = np.dtype(dtype)
-    return dtype.str if dtype.fields is None else dtype
-
-
-def native_fix(dtype) -> str | None:
-    """The ``.astype(...)`` that makes ``dtype`` native, when it is not; else None.
-
-    Examples
-    --------
-    >>> native_fix(">f4"), native_fix("<f4")
-    (".astype('float32')", None)
-    """
-    dtype = np.dtype(dtype)
-    if _native(dtype):
-        return None
-    native = dtype.newbyteorder("=")
-    return f".astype({(native.name if native.fields is None else native.descr)!r})"
-
-
-def _native(dtype: np.dtype) -> bool:
-    if dtype.fields is not None:
-        return all(_native(f[0]) for f in dtype.fields.values())
-    return (dtype.subdtype[0] if dtype.subdtype is not None else dtype).isnative
 
 
 class ChunkContext(NamedTuple):
@@ -118,10 +81,12 @@ class ChunkContext(NamedTuple):
 
 
 class ChunkPlaces(ArrayBlockwiseDep):
-    """Where each block lies, handed to its task alone: ``(block id, shape, start)``.
+    """Where each block lies, handed to its task alone: a
+    :class:`~daskgpu._dask.launch_core.task.ChunkPlace` ``(block id, shape, start)``, and
+    for a grouped launch the user's chunks it holds (``members``).
 
     A ``BlockwiseDep`` of the launch layer: dask calls ``places[block_id]``
-    as it builds each task and puts just that block's plain tuple of ints in
+    as it builds each task and puts just that block's place (a small record of ints) in
     it, so a task's size does not grow with the number of chunks.
 
     Parameters
@@ -130,22 +95,32 @@ class ChunkPlaces(ArrayBlockwiseDep):
         The launch's blocks (with halos, when ``depth`` is given).
     starts : tuple of tuple of int
         Per axis and block, the global index of the block's element 0.
+    members : tuple or None
+        Grouped launches: per axis and block, ``(index, start, sizes)`` of the
+        user's chunks it holds (the first one's index and global start, and
+        each one's size), so that errors name the user's chunk; None where
+        each block is one chunk.
 
     Examples
     --------
     >>> places = ChunkPlaces(((2, 2), (3,)), ((0, 2), (0,)))
-    >>> places[1, 0]
-    ((1, 0), (2, 3), (2, 0))
+    >>> tuple(places[1, 0])
+    ((1, 0), (2, 3), (2, 0), None)
+    >>> ChunkPlaces(((4,),), ((0,),), (((0, 0, (2, 2)),),))[0,].members
+    ((0, 0, (2, 2)),)
     """
 
-    def __init__(self, chunks, starts):
+    def __init__(self, chunks, starts, members=None):
         super().__init__(tuple(tuple(int(c) for c in axis) for axis in chunks))
         self.starts = tuple(tuple(int(s) for s in axis) for axis in starts)
+        self.members = members
 
-    def __getitem__(self, idx: tuple):
+    def __getitem__(self, idx: tuple) -> ChunkPlace:
         idx = tuple(int(i) for i in idx)
-        return (idx, tuple(c[i] for c, i in zip(self.chunks, idx)),
-                tuple(s[i] for s, i in zip(self.starts, idx)))
+        members = None if self.members is None else tuple(
+            m[i] for m, i in zip(self.members, idx))
+        return ChunkPlace(idx, tuple(c[i] for c, i in zip(self.chunks, idx)),
+                          tuple(s[i] for s, i in zip(self.starts, idx)), members)
 
     def get(self, idx: tuple, default=None):
         """Block ``idx``'s place as the task's argument: a ``DataNode`` already.
@@ -157,12 +132,12 @@ class ChunkPlaces(ArrayBlockwiseDep):
         Examples
         --------
         >>> ChunkPlaces(((2, 2),), ((0, 2),)).get((1,)).value
-        ((1,), (2,), (2,))
+        ChunkPlace(block_id=(1,), shape=(2,), start=(2,), members=None)
         """
         return DataNode(None, self[idx])
 
     def __reduce__(self):
-        return ChunkPlaces, (self.chunks, self.starts)
+        return ChunkPlaces, (self.chunks, self.starts, self.members)
 
 
 class _Param:

@@ -2,9 +2,11 @@
 
 A :class:`ChunkLaunch` holds the PTX-only kernel plus one small parameter
 object per kernel parameter (:mod:`daskgpu._dask.map_kernel.chunk_params`), so a worker
-needs no compiler and no Python function. Each task runs :func:`run_chunk` on
-it, its chunks and values, and its last argument says where its chunk lies
-(block id, shape, start), so a task carries nothing about the other chunks.
+needs no compiler and no Python function. Each task runs the launch core's
+:func:`~daskgpu._dask.launch_core.task.run_chunk` on it, its chunks and values,
+and its last argument says where its chunk lies (a
+:class:`~daskgpu._dask.launch_core.task.ChunkPlace`: block id, shape, start), so a
+task carries nothing about the other chunks.
 In a graph of many chunks it is a key of its own, and the kernel's PTX
 travels to each worker once; a small graph carries it in each task, sparing
 the scheduler a round trip (:func:`~daskgpu._dask.map_kernel.api._launches`).
@@ -22,18 +24,17 @@ from typing import NamedTuple
 import numpy as np
 
 from daskgpu._bounded import BoundedCache
+from daskgpu._dask.map_kernel.arrays import array_module, is_cupy
 from daskgpu._dask.map_kernel.chunk_params import (
     ChunkContext,
     ChunkParam,
     OutParam,
     ValueParam,
-    array_module,
-    is_cupy,
 )
 from daskgpu._runtime import backends, faults
 from daskgpu._runtime.launch_task import LaunchTask
 
-__all__ = ["ChunkLaunch", "ChunkMemory", "Fused", "launches", "run_chunk"]
+__all__ = ["ChunkLaunch", "ChunkMemory", "Fused", "launches"]
 
 
 class ChunkMemory(NamedTuple):
@@ -69,17 +70,6 @@ class ChunkMemory(NamedTuple):
     def __add__(self, other):  # two launches in one task (Fused) hold both at once
         return ChunkMemory(self.fixed + other.fixed, self.per_element + other.per_element,
                            max(self.largest, other.largest))
-
-
-def run_chunk(launch, *values):
-    """What a ``map_kernel`` task runs: ``launch`` (a ChunkLaunch or Fused, a key of the
-    graph) on the task's values, the chunk's place last.
-
-    The scheduler's placement and the worker's launch watch know a task by this
-    function, and read the :class:`~daskgpu._runtime.launch_task.LaunchTask` it
-    is handed first.
-    """
-    return launch(*values)
 
 
 class ChunkLaunch(LaunchTask):
@@ -155,13 +145,13 @@ class ChunkLaunch(LaunchTask):
     def run(self, values, place, chain=None, keep=False):
         """Launch on one chunk; return the returned parameters, as a tuple.
 
-        ``place`` is the chunk's ``(block id, shape, start)``. ``chain`` is
-        the backend's ``DeviceChain`` of a fused task (see :class:`Fused`),
-        or None: with it, host chunks go to the device through the chain,
+        ``place`` is the chunk's :class:`~daskgpu._dask.launch_core.task.ChunkPlace`.
+        ``chain`` is the backend's ``DeviceChain`` of a fused task (see
+        :class:`Fused`), or None: with it, host chunks go to the device through the chain,
         once per task, and with ``keep`` the outputs stay there, as
         intermediates of the chain.
         """
-        block_id, block, start = place
+        block_id, block, start, members = place
         taking = [p for p in self.params if p.takes_value]
         inputs = [v for p, v in zip(taking, values) if isinstance(p, ChunkParam)]
         shape = tuple(np.broadcast_shapes(block, *(v.shape for v in inputs)))
@@ -174,7 +164,7 @@ class ChunkLaunch(LaunchTask):
         size = math.prod(shape)
         if size:
             ntasks = size if self.rank == 1 else shape
-            with faults.in_chunk(self.kernel.__name__, block_id, shape, start):
+            with faults.in_chunk(self.kernel.__name__, block_id, shape, start, members):
                 self._launch(ntasks, chain)(*args)
         return tuple(self.params[i].result(args[i], chunk) for i in self.returns)
 

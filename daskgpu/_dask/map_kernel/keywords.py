@@ -13,7 +13,7 @@ import numpy as np
 
 from daskgpu._dask.map_kernel.arg_kinds import check_array
 from daskgpu._dask.map_kernel.arguments import Out, known_dtype
-from daskgpu._dask.map_kernel.chunk_params import is_cupy
+from daskgpu._dask.map_kernel.arrays import is_cupy
 
 __all__ = ["check_axis_changes", "check_chunks", "check_dtype", "check_meta", "output_dtype",
            "resolve_outs"]

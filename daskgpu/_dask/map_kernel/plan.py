@@ -2,7 +2,7 @@
 
 :func:`plan_map` validates the call's arguments and keywords, selects the
 kernel image, plans every kernel parameter and unifies the chunks; what it
-returns is all that the graph builders (:mod:`.graph_hlg`, :mod:`.graph_expr`),
+returns is all that the graph builders (:mod:`.graphs.hlg`, :mod:`.graphs.expr`),
 the reductions and the checks read, so none of them re-derives it.
 """
 
@@ -10,15 +10,32 @@ from __future__ import annotations
 
 import math
 import operator
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from daskgpu._dask.cluster_facts import ClusterFacts, check_workers_link, cluster_facts
+from daskgpu._dask.launch_layout import (
+    MAPPED,
+    check_group,
+    group_chunks,
+    grouping_hazards,
+    launch_bytes,
+)
 from daskgpu._dask.map_kernel.arg_kinds import Planned, check_extras, classify
 from daskgpu._dask.map_kernel.arguments import Out, mapped_rank
-from daskgpu._dask.map_kernel.chunk_params import ChunkParam, OutParam, PerChunkParam, is_cupy
+from daskgpu._dask.map_kernel.arrays import is_cupy
+from daskgpu._dask.map_kernel.chunk_params import (
+    ChunkParam,
+    OffsetParam,
+    OutParam,
+    PerChunkParam,
+    StatesParam,
+    ValueParam,
+    WholeParam,
+)
 from daskgpu._dask.map_kernel.keywords import (
     check_axis_changes,
     check_dtype,
@@ -33,6 +50,7 @@ from daskgpu._dask.map_kernel.selection import (
     select_image,
     shipped,
 )
+from daskgpu._image.random_states import STATE_DTYPE
 from daskgpu._runtime import backends
 from daskgpu._runtime.launch import check_timeout
 from daskgpu._runtime.ptx_kernel import PTXKernel
@@ -100,16 +118,21 @@ class MapPlan:
         The prefix of a name made from the map's hash (``token=``, else the
         kernel's name); None when ``name=`` was given.
     timeout : float or None
-        Seconds a chunk's task may run (None: the workers' setting).
+        Seconds a chunk's launch may run (None: the workers' setting); a grouped
+        launch may run that times its chunks (:attr:`launch_timeout`).
     cluster : ClusterFacts
         What the current client's workers offer.
     split_every
         For outputs with ``combine=``.
-    grouped : bool
-        The mapped chunks were grouped into larger launches (:func:`group_chunks`);
-        ``out_chunks`` and ``aligned`` are the groups.
     meta_base : array or None
         A CuPy meta when the map's arrays are CuPy, so outputs are too.
+    user_chunks : tuple of tuple of int
+        The user's chunks (unified, deepened for a halo), which ``out_chunks`` groups
+        where chunks are grouped into larger launches
+        (:func:`~daskgpu._dask.launch_layout.group_chunks`).
+    hazards : tuple of Hazard
+        Why grouping chunks could change what the kernel computes
+        (:func:`~daskgpu._dask.launch_layout.grouping_hazards`); empty where it cannot.
     """
 
     kernel_name: str
@@ -129,7 +152,27 @@ class MapPlan:
     cluster: ClusterFacts
     split_every: Any
     meta_base: Any
-    grouped: bool = False
+    user_chunks: tuple = ()
+    hazards: tuple = ()
+
+    @property
+    def grouped(self) -> bool:
+        """The mapped chunks were grouped into larger launches: ``out_chunks`` and
+        ``aligned`` are the groups, ``user_chunks`` the chunks they hold."""
+        return bool(self.user_chunks) and self.user_chunks != self.out_chunks
+
+    @property
+    def chunks_per_launch(self) -> int:
+        """The most of the user's chunks one launch covers (1 unless grouped)."""
+        if not self.grouped:
+            return 1
+        return math.prod(max(_members(u, g)) for u, g in zip(self.user_chunks, self.out_chunks))
+
+    @property
+    def launch_timeout(self) -> float | None:
+        """A launch's time limit: ``timeout`` per chunk, times the chunks of the largest
+        group where chunks are grouped."""
+        return None if self.timeout is None else self.timeout * self.chunks_per_launch
 
     @property
     def ndim(self) -> int:
@@ -164,7 +207,7 @@ def plan_map(kernel, args, *, depth=None, boundary=None, tpb=0, name=None, grid_
              new_axis=None, timeout=None, group=None, chunks=None, layer) -> MapPlan:
     """Validate a ``map_kernel`` call and plan it (see :class:`MapPlan`).
 
-    ``layer`` is the graph layer in use (:mod:`.graph_hlg`, :mod:`.graph_expr`):
+    ``layer`` is the graph layer in use (:mod:`.graphs.hlg`, :mod:`.graphs.expr`):
     its ``align(arrays, ndim)`` unifies the chunks of the dask arrays and
     :class:`Out` placeholders, returning ``(aligned, out_chunks)``, and its
     ``regroup(array, chunks)`` gives an array larger chunks.
@@ -191,13 +234,22 @@ def plan_map(kernel, args, *, depth=None, boundary=None, tpb=0, name=None, grid_
     aligned, out_chunks = layer.align(arrays, ndim)
     params, results = plan_params(kernel.__name__, image, roles, arrays, out_chunks, simulate,
                                   flat)
+    check_group(group, "map_kernel(group")
+    user_chunks = out_chunks
+    depths, padded = _halo_of(layer, ndim, depth, boundary)
+    hazards = grouping_hazards(
+        image.positions, tuple(_role(param, flat and ndim > 1) for param, _ in params),
+        rank=rank, halo=depths, padded=padded,
+        names=getattr(kernel, "parameter_names", None))
     grouped = None
     if chunks is None and _may_group(params, ndim):  # chunks=: the user's, as given
-        grouped = group_chunks(out_chunks, _bytes_per_element(arrays, aligned, params),
-                               launch_bytes(group, cluster))
+        grouped = _grouping(kernel.__name__, hazards, params, arrays, out_chunks, group,
+                            cluster)
     deepened = _deep_enough(grouped or out_chunks, depth, boundary, ndim, layer)
     if deepened is not None:
         grouped = deepened
+        if user_chunks == out_chunks:  # halos need deeper chunks: those are the user's
+            user_chunks = deepened
     if grouped is not None:
         aligned = _regrouped(layer, arrays, aligned, grouped)
         out_chunks = grouped
@@ -210,16 +262,18 @@ def plan_map(kernel, args, *, depth=None, boundary=None, tpb=0, name=None, grid_
         from dask.base import tokenize
 
         prefix = str(token or kernel.__name__)
+        # The launch layout, not group= as given: one call makes other launches under
+        # another daskgpu.launch-bytes or beside GPUs that offer less memory.
         name = f"{prefix}-" + tokenize(
             image.hash, kernel.__name__, args, depth, boundary, int(tpb), rank, simulate,
-            timeout, group)
+            timeout, out_chunks, user_chunks)
     returns = tuple(
         Returned(r.index, r.dtype, params[r.index].param,
                  params[r.index].source if isinstance(params[r.index].source, Out) else None)
         for r in results)
     return MapPlan(kernel.__name__, ship, rank, int(tpb), params, returns, tuple(arrays),
                    tuple(aligned), out_chunks, depth, boundary, str(name), prefix, timeout, cluster,
-                   split_every, _meta_base(arrays), grouped is not None)
+                   split_every, _meta_base(arrays), user_chunks, hazards)
 
 
 def _deep_enough(chunks, depth, boundary, ndim, layer):
@@ -265,78 +319,102 @@ def _meta_base(arrays):
 
 # -- launches sized for the GPU ---------------------------------------------------
 
-def launch_bytes(group, cluster: ClusterFacts) -> int:
-    """The device memory a grouped launch should cover: ``group`` (``map_kernel``'s
-    keyword: None for the ``daskgpu.launch-bytes`` setting, False or 0 for none, True for
-    the setting, or a size), at most a quarter of the GPU-memory a worker offers, so that
-    grouped launches still share a GPU.
+def _grouping(kernel_name, hazards, params, arrays, chunks, group, cluster):
+    """The groups the map launches over, or None for one launch per chunk.
 
-    Examples
-    --------
-    >>> from daskgpu._dask.cluster_facts import ClusterFacts
-    >>> launch_bytes("8 MiB", ClusterFacts()), launch_bytes(False, ClusterFacts())
-    (8388608, 0)
-    >>> launch_bytes(None, ClusterFacts(gpu_memory=2**24)) == 2**22
-    True
+    With ``group`` None (the default), chunks are grouped only where the kernel's
+    results cannot depend on where a launch begins or ends (no ``hazards``); where they
+    might, and grouping would have cut the launches at least fourfold, a
+    ``PerformanceWarning`` says why and how to group anyway (``group=True``).
     """
-    from daskgpu import _config
-
-    if group is None or group is True:
-        target = _config.get("launch-bytes")
-    elif group is False:
-        target = 0
-    else:
-        try:
-            target = _config.SETTINGS["launch-bytes"](group)
-        except ValueError as exc:
-            raise ValueError(
-                f"map_kernel(group={group!r}): {exc}; give True or None (the "
-                "daskgpu.launch-bytes setting), False (no grouping) or a size"
-            ) from None
-    if cluster.gpu_memory:
-        target = min(target, cluster.gpu_memory // 4)
-    return int(target)
+    per_element, fixed = launch_footprint(params, arrays)
+    grouped = group_chunks(chunks, per_element, launch_bytes(group, cluster), fixed=fixed,
+                           min_groups=max(1, cluster.threads))
+    if grouped is None or group is not None or not hazards:
+        return grouped
+    launches, groups = math.prod(len(c) for c in chunks), math.prod(len(g) for g in grouped)
+    if launches >= 4 * groups:
+        warn_per_chunk(kernel_name, hazards, launches, groups)
+    return None
 
 
-def group_chunks(chunks: tuple, per_element: int, target: int) -> tuple | None:
-    """Neighbouring chunks merged (never split) into groups that need about ``target``
-    bytes each; None where the chunks are not far smaller than that (the largest block
-    needs more than a quarter of it) or grouping is off (``target`` 0).
+def _role(param, flat_nd) -> Any:
+    """A kernel parameter's role in the map, as the grouping rule reads it."""
+    if isinstance(param, (ChunkParam, OutParam, StatesParam)):
+        return MAPPED
+    if isinstance(param, OffsetParam):
+        # A flat launch over N-D chunks has no position per axis to add it to.
+        return ("offset", param.axis) if not flat_nd else "offset of an N-D chunk"
+    return "value" if isinstance(param, ValueParam) else "whole"
 
-    Groups grow along the last axis first (a C-ordered block stays contiguous),
-    then along earlier ones.
 
-    Examples
-    --------
-    >>> group_chunks(((256,) * 8,), per_element=8, target=8192)
-    ((1024, 1024),)
-    >>> group_chunks(((2,) * 4, (3, 3)), per_element=8, target=192)
-    ((4, 4), (6,))
-    >>> group_chunks(((1000,),), per_element=8, target=8192) is None  # far enough
-    True
-    """
-    if target <= 0 or per_element <= 0 or not chunks or any(not c for c in chunks):
-        return None
-    largest = math.prod(max(c) for c in chunks) * per_element
-    if largest * 4 > target:
-        return None
-    want = max(1, target // per_element)  # elements a group should hold
-    grouped, inner = list(chunks), 1
-    for ax in reversed(range(len(chunks))):
-        length = max(1, -(-want // inner))  # elements along this axis a group should span
-        runs, run = [], 0
-        for c in chunks[ax]:
-            if run and run + c > length:
-                runs.append(run)
-                run = 0
-            run += c
-        runs.append(run)
-        grouped[ax] = tuple(runs)
-        if len(runs) > 1:  # this axis holds the groups' size: earlier axes stay as they are
-            break
-        inner *= runs[0]
-    grouped = tuple(grouped)
-    return None if grouped == tuple(map(tuple, chunks)) else grouped
+def warn_per_chunk(kernel_name, hazards, launches, groups, fix="pass group=True"):
+    """Say once (per call site) that a map launches per chunk where grouping would have
+    cut its launches, why, and ``fix``."""
+    from dask.array.core import PerformanceWarning
+
+    more = f" (and {len(hazards) - 1} more)" if len(hazards) > 1 else ""
+    warnings.warn(PerformanceWarning(
+        f"map_kernel launches {kernel_name!r} once per chunk ({launches:,} launches, where "
+        f"launches sized for the GPU would be {groups:,}): daskgpu cannot show that its "
+        f"results do not depend on where a launch begins or ends, since it {hazards[0]}"
+        f"{more}. If they do not, {fix} to launch the chunks in groups; group=False keeps "
+        "one launch per chunk and silences this"), stacklevel=_user_level())
+
+
+def _user_level() -> int:
+    """The stack level of the first frame outside daskgpu: the user's call."""
+    import sys
+
+    frame, level = sys._getframe(1), 1
+    while frame is not None and frame.f_globals.get("__name__", "").startswith("daskgpu."):
+        frame, level = frame.f_back, level + 1
+    return level
+
+
+def _halo_of(layer, ndim, depth, boundary) -> tuple:
+    """The halo's depth per axis (zeros without one) and whether each axis's array edges
+    are padded too (a boundary other than ``"none"``)."""
+    if depth is None:
+        return (0,) * ndim, (False,) * ndim
+    from numbers import Integral
+
+    depths, boundaries = layer.coerce_halo(ndim, depth, boundary)
+    return (tuple(int(depths.get(ax, 0)) if isinstance(depths.get(ax, 0), Integral) else 0
+                  for ax in range(ndim)),
+            tuple(boundaries.get(ax, "none") != "none" for ax in range(ndim)))
+
+
+def launch_footprint(params, arrays) -> tuple:
+    """``(per element, fixed)``: the device bytes a launch needs per element of its block
+    (its chunks copied in, aligned outputs, random states) and whatever its size (arrays
+    passed whole, per-chunk outputs). CuPy chunks are on the device already."""
+    per_element = fixed = 0
+    for a in arrays:
+        if not isinstance(a, Out) and not is_cupy(a._meta):
+            per_element += np.dtype(a.dtype).itemsize
+    for param, source in params:
+        if isinstance(param, OutParam):
+            per_element += np.dtype(param.dtype).itemsize
+        elif isinstance(param, StatesParam):
+            per_element += STATE_DTYPE.itemsize
+        elif isinstance(param, PerChunkParam):
+            fixed += math.prod(param.shape) * np.dtype(param.dtype).itemsize
+        elif isinstance(param, WholeParam) and not is_cupy(source):
+            fixed += int(getattr(source, "nbytes", 0))
+    return per_element, fixed
+
+
+def _members(user, grouped) -> list:
+    """How many of the ``user`` chunks each of the ``grouped`` ones holds (one axis)."""
+    counts, it = [], iter(user)
+    for g in grouped:
+        n = total = 0
+        while total < g:
+            total += next(it)
+            n += 1
+        counts.append(n)
+    return counts or [1]
 
 
 def _may_group(params, ndim) -> bool:
@@ -349,14 +427,6 @@ def _may_group(params, ndim) -> bool:
             if source.fold is None or mapped_axes(source.axis, ndim) != tuple(range(ndim)):
                 return False
     return True
-
-
-def _bytes_per_element(arrays, aligned, params) -> int:
-    """Bytes a launch needs per element of its block: its chunks and its outputs."""
-    total = sum(np.dtype(a.dtype).itemsize for given, a in zip(arrays, aligned)
-                if not isinstance(given, Out))
-    total += sum(np.dtype(p.dtype).itemsize for p, _ in params if isinstance(p, OutParam))
-    return total
 
 
 def _regrouped(layer, arrays, aligned, grouped) -> list:

@@ -20,6 +20,7 @@ from daskgpu._dask.map_kernel.arg_kinds import OffsetKind, Planning
 from daskgpu._errors import CompileError
 from daskgpu._image.ptx import shared_memory
 from daskgpu._runtime import dispatch
+from daskgpu._runtime.kernel_kinds import KernelKind, kind_of
 from daskgpu._runtime.ptx_kernel import PTXKernel
 
 __all__ = ["Selected", "check_block_size", "check_kernel", "plan_params", "select_image",
@@ -28,12 +29,11 @@ __all__ = ["Selected", "check_block_size", "check_kernel", "plan_params", "selec
 
 def check_kernel(kernel) -> None:
     """Refuse anything but a daskgpu kernel, with the fix for a Numba dispatcher."""
-    if isinstance(kernel, PTXKernel) or (
-        hasattr(kernel, "ptx_kernel") and hasattr(kernel, "select_image")
-    ):
+    kind = kind_of(kernel)
+    if kind in (KernelKind.KERNEL, KernelKind.PTX):
         return
     hint = ""
-    if hasattr(kernel, "py_func"):
+    if kind is KernelKind.DISPATCHER:
         hint = " Wrap a numba.cuda.jit dispatcher with dg.kernel(dispatcher) first."
     raise TypeError(
         "map_kernel takes a daskgpu kernel (made by dg.jit or dg.kernel, or loaded "

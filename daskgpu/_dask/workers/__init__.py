@@ -7,5 +7,8 @@ module                   what it holds
 ``plugin``               ``GPUWorkerPlugin``: a worker's GPU set up, watched, reported
 ``gpu_time``             launches' time by activity into distributed's fine metrics
 ``prometheus``           daskgpu's figures at a worker's Prometheus endpoint
+``device_facts``         the device's facts: read at setup, sent, offered as memory
+``watchdog``             time limits, cancelled and lost launches: the launch guard
+``launch_watch``         the running launches' limits, and the guard's decisions
 =======================  ==========================================================
 """

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 
-from daskgpu._dask.placement import GPU_MEMORY, memory_offer
+from daskgpu._dask.launch_core.resources import GPU_MEMORY, memory_offer
 from daskgpu._runtime import backends
 
 __all__ = ["DEVICE_METRIC", "SIMULATED_METRIC", "DeviceFacts", "probe"]

@@ -24,7 +24,7 @@ import numbers
 import operator
 import os
 
-from daskgpu._dask.placement import GPU, GPU_MEMORY
+from daskgpu._dask.launch_core.resources import GPU, GPU_MEMORY
 from daskgpu._dask.workers.plugin import GPUWorkerPlugin
 from daskgpu._errors import DeviceError
 from daskgpu._runtime import backends

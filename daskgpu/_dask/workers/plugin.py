@@ -108,14 +108,6 @@ class GPUWorkerPlugin(WorkerPlugin):
         """The device facts recorded by :meth:`setup`; None until it has run."""
         return self._facts.info
 
-    @property
-    def _worker(self):
-        return self._guard.worker
-
-    @property
-    def _watch(self):
-        return self._guard.watch
-
     def setup(self, worker):
         """Check the settings, then set up the device's facts, the launch guard and the
         GPU time report on the worker."""

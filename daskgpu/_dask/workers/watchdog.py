@@ -2,7 +2,7 @@
 
 A Dask task cannot be interrupted once it runs, and a thread waiting for a
 CUDA kernel cannot be made to stop; only tearing down the process's CUDA
-context frees the GPU. :class:`LaunchWatch` keeps, for each task running a
+context frees the GPU. :class:`~.launch_watch.LaunchWatch` keeps, for each task running a
 launch on its worker, when its launch began its own run and its limit: the
 launch's own ``timeout`` (``map_kernel(timeout=)``, ``kernel.configure(...,
 timeout=)``), else the worker's ``daskgpu.launch-timeout``. The runtime marks
@@ -16,7 +16,10 @@ is asked what is overdue:
   state, not its thread), and the worker's process is replaced;
 - a running launch task that was cancelled (``future.cancel()``,
   ``client.cancel``) and is still running ``daskgpu.cancel-grace`` later has
-  its worker's process replaced.
+  its worker's process replaced;
+- a worker that closes while a launch runs (it lost its scheduler, say) watches
+  it on from a thread (:func:`outlast`): past the grace, or its limit, the
+  process ends.
 
 The process is replaced as after a lost CUDA context: the worker closes, its
 nanny starts a fresh one on the same GPU with the same plugin, and the other
@@ -36,13 +39,21 @@ import time
 from dask.utils import key_split
 from distributed.protocol import pickle
 
-from daskgpu import _config
-from daskgpu._dask.placement import launches_in
+from daskgpu._dask.launch_core.walk import held_in, launch_of, place_of
+from daskgpu._dask.workers.launch_watch import (
+    FailLaunch,
+    LaunchWatch,
+    ReplaceWorker,
+    Seen,
+    StopLaunch,
+    decide,
+    replacement,
+)
 from daskgpu._errors import ContextLostError, LaunchTimeoutError
 from daskgpu._runtime import launch_runs
 
-__all__ = ["GRACE", "PERIOD", "STARTUP", "TOLD", "WATCH_CALLBACK", "LaunchGuard", "LaunchWatch",
-           "close_worker", "launch_of", "lost_context", "timeout_message"]
+__all__ = ["GRACE", "PERIOD", "TOLD", "WATCH_CALLBACK", "LaunchGuard", "close_worker",
+           "lost_context", "outlast", "timeout_message"]
 
 logger = logging.getLogger("daskgpu")
 
@@ -56,121 +67,33 @@ GRACE = 0.5
 #: Seconds between two looks at the running launches.
 PERIOD = 0.25
 
-#: Seconds a launch task may take to begin its launch's own run (its worker's start,
-#: the image's link, a wait for the simulator's lock) before its time limit counts
-#: anyway.
-STARTUP = 120.0
-
-
-class LaunchWatch:
-    """The launch tasks running on one worker, each with its start and time limit.
-
-    Examples
-    --------
-    >>> watch = LaunchWatch(default_limit=None, grace=2.0)
-    >>> watch.started("k", 1.0, now=10.0, kernel="spin")
-    >>> watch.launched("k", 12.0)  # its own run: after its worker's start and its link
-    >>> watch.overdue(now=12.5), watch.overdue(now=13.5)
-    ([], [('k', 1.0)])
-    >>> watch.kernel("k")
-    'spin'
-    >>> watch.cancelled("k", now=13.6)
-    >>> watch.stuck(now=14.0), watch.stuck(now=15.7)
-    ([], ['k'])
-    """
-
-    def __init__(self, default_limit: float | None, grace: float):
-        self.default_limit = default_limit
-        self.grace = grace
-        self._running = {}  # key -> [start, limit or None, start of the launch's own run]
-        self._kernels = {}  # key -> the kernel's name
-        self._cancelled = {}  # key -> when it was cancelled
-
-    def started(self, key, limit: float | None, now: float | None = None,
-                kernel: str | None = None) -> None:
-        """The task ``key`` started; its limit counts from its launch's own run
-        (:meth:`launched`), or from :data:`STARTUP` seconds on if that never comes."""
-        limit = self.default_limit if limit is None else limit
-        self._running[key] = [time.monotonic() if now is None else now, limit, None]
-        if kernel is not None:
-            self._kernels[key] = kernel
-
-    def launched(self, key, when: float) -> None:
-        """The launch of task ``key`` began its own run at ``when`` (its latest launch's,
-        for a task of several); a mark from before the task started is another task's."""
-        running = self._running.get(key)
-        if running is not None and when >= running[0]:
-            running[2] = when
-
-    def keys(self) -> list:
-        """The keys of the tasks watched."""
-        return list(self._running)
-
-    def kernel(self, key) -> str | None:
-        """The name of the kernel the task ``key`` launches, where it was given."""
-        return self._kernels.get(key)
-
-    def cancelled(self, key, now: float | None = None) -> None:
-        if key in self._running:
-            self._cancelled[key] = time.monotonic() if now is None else now
-
-    def resumed(self, key) -> None:
-        """The cancelled task ``key`` is wanted again while its thread still runs (the same
-        key submitted anew): the same run goes on, under its time limit, no longer
-        cancelled."""
-        self._cancelled.pop(key, None)
-
-    def ended(self, key) -> None:
-        self._running.pop(key, None)
-        self._kernels.pop(key, None)
-        self._cancelled.pop(key, None)
-
-    def overdue(self, now: float | None = None) -> list:
-        """``(key, limit)`` of each task over its limit, not yet cancelled."""
-        now = time.monotonic() if now is None else now
-        return [(key, limit) for key, (start, limit, run) in self._running.items()
-                if limit is not None and key not in self._cancelled
-                and now - (start + STARTUP if run is None else run) > limit]
-
-    def stuck(self, now: float | None = None) -> list:
-        """Keys of cancelled tasks still running ``grace`` seconds after they were cancelled."""
-        now = time.monotonic() if now is None else now
-        return [key for key, when in self._cancelled.items() if now - when > self.grace]
-
-    def __bool__(self):
-        return bool(self._running)
-
-    @classmethod
-    def from_config(cls) -> LaunchWatch:
-        return cls(_config.get("launch-timeout"), _config.get("cancel-grace"))
-
-
-def launch_of(run_spec, data) -> object | None:
-    """The :class:`~daskgpu._runtime.launch_task.LaunchTask` a task's spec runs (a
-    ``Launch``, ``ChunkLaunch`` or fused pair), read through references to keys held in
-    ``data`` (a map's launch is a key of its own); None when the task runs none."""
-    def held(key):
-        return data[key] if key in data else None
-
-    return next((launch for _, launch, _ in launches_in(run_spec, held)
-                 if launch is not None), None)
-
-
 def timeout_message(key, limit: float, kernel: str | None = None,
-                    stopped: bool = False) -> str:
+                    stopped: bool = False, place=None) -> str:
     """The one line of a task that outlived its limit: the kernel, the chunk, the limit.
 
     ``kernel`` is the launch's own name (its ``LaunchTask.kernel_name``);
     without it, the task's name stands in. ``stopped``: the launch was stopped
-    (simulated, on a worker without a nanny), and the worker goes on.
+    (simulated, on a worker without a nanny), and the worker goes on. ``place``,
+    the task's :class:`~daskgpu._dask.launch_core.task.ChunkPlace`, names the user's
+    chunks of a grouped launch.
 
     Examples
     --------
     >>> timeout_message(("array-sum", 2), 1.0, kernel="spin_chunk")[:41]
     "kernel 'spin_chunk' on chunk (2,) did not"
+    >>> from daskgpu._dask.launch_core.task import ChunkPlace
+    >>> place = ChunkPlace((1,), (400,), (400,), ((4, 400, (100,) * 4),))
+    >>> timeout_message(("saxpy", 1), 8.0, "saxpy", place=place)[:96]
+    "kernel 'saxpy' on chunks (4,) to (7,) (one grouped launch; map_kernel(group=False) launches \
+each"
     """
     kernel = kernel or key_split(key)
     chunk = f" on chunk {tuple(key[1:])}" if isinstance(key, tuple) and len(key) > 1 else ""
+    if place is not None and place.members is not None:
+        first = tuple(index for index, _, _ in place.members)
+        last = tuple(index + len(sizes) - 1 for index, _, sizes in place.members)
+        chunk = (f" on chunks {first} to {last} (one grouped launch; map_kernel(group=False) "
+                 "launches each alone)")
     then = ("the simulated launch was stopped, and the worker goes on" if stopped else
             "the worker's process is replaced to free its GPU, and its other tasks run again")
     return (f"kernel {kernel!r}{chunk} did not finish within its time limit of {limit:g} s "
@@ -210,10 +133,17 @@ class LaunchGuard:
             watching.start()
 
     def teardown(self, worker) -> None:
+        """Stop looking from the event loop; a launch still running as the worker closes
+        (it lost its scheduler, say) is watched on from a thread (:func:`outlast`)."""
         callbacks = getattr(worker, "periodic_callbacks", None)
         if isinstance(callbacks, dict) and WATCH_CALLBACK in callbacks:
             callbacks.pop(WATCH_CALLBACK).stop()
-        self.watch = None
+        watch, self.watch = self.watch, None
+        if watch:
+            import threading
+
+            threading.Thread(target=outlast, args=(watch, worker), daemon=True,
+                             name="daskgpu-launch-watch").start()
 
     def transition(self, key, start, finish) -> None:
         """Watch a running launch's time and its cancellation; close the worker after a
@@ -248,7 +178,7 @@ class LaunchGuard:
             return
         task = worker.state.tasks.get(key)
         if finish == "executing":
-            launch = launch_of(task.run_spec, worker.data) if task is not None else None
+            launch = launch_of(task.run_spec, held_in(worker.data)) if task is not None else None
             if launch is not None:
                 watch.started(key, launch.timeout, kernel=launch.kernel_name)
         elif getattr(task, "state", None) == "executing":
@@ -265,53 +195,100 @@ class LaunchGuard:
         """Fail the launch tasks over their time limit; replace the process whose cancelled
         launch is still running after the grace period.
 
-        On a worker without a nanny, which cannot be replaced, a simulated launch is
-        stopped instead (its threads run Python), so that the worker, and the other
-        workers and the client sharing its process, are not left wedged.
+        What the worker shows is read once (:meth:`seen`), :func:`decide` turns it into
+        decisions, and the guard carries them out (:meth:`carry_out`); whether a
+        cancelled launch is still running once the stops are done decides last
+        (:func:`replacement`).
         """
         watch, worker = self.watch, self.worker
         if not watch or worker is None or self.closing:
             return
+        for decision in decide(watch, self.seen()):
+            self.carry_out(decision)
+        decision = replacement(watch)
+        if decision is not None:
+            self.carry_out(decision)
+
+    def seen(self) -> Seen:
+        """What the worker shows of the watched tasks now, as plain data."""
+        worker, keys = self.worker, self.watch.keys()
         threads = {key: ident for ident, key in
                    dict(getattr(worker, "active_threads", None) or {}).items()}
-        for key in watch.keys():
-            when = launch_runs.started(threads[key]) if key in threads else None
-            if when is not None:
-                watch.launched(key, when)
-        alone = not getattr(worker, "nanny", None)
-        for key, limit in watch.overdue():
-            kernel = watch.kernel(key)
-            watch.ended(key)
-            task = worker.state.tasks.get(key)
-            if task is None or task.state != "executing":
-                continue
-            stopped = alone and key in threads and launch_runs.stop(threads[key])
-            if stopped:
-                self._stopped.add(key)
-            # Raised into the task's state, not its thread, which may never return; the
-            # error's transition then closes the worker, as for a lost context.
-            from distributed.worker_state_machine import ExecuteFailureEvent
+        runs = {key: when for key in keys if key in threads
+                and (when := launch_runs.started(threads[key])) is not None}
+        tasks = {key: worker.state.tasks.get(key) for key in keys}
+        return Seen(threads=threads, runs=runs,
+                    states={key: getattr(task, "state", None) for key, task in tasks.items()},
+                    cancelled_running=frozenset(k for k, t in tasks.items()
+                                                if _still_running(t)),
+                    alone=not getattr(worker, "nanny", None))
 
-            worker.handle_stimulus(ExecuteFailureEvent.from_exception(
-                LaunchTimeoutError(timeout_message(key, limit, kernel, stopped)), key=key,
-                run_id=task.run_id, start=task.start_time, stop=time.time(),
-                stimulus_id=f"daskgpu-launch-timeout-{time.time()}"))
-        for key in watch.stuck():
-            task = worker.state.tasks.get(key)
-            if getattr(task, "state", None) == "executing":
-                watch.resumed(key)  # wanted again: its time limit holds as before
-            elif not _still_running(task):
-                watch.ended(key)  # its thread returned within the grace after all
-            elif alone and key in threads and launch_runs.stop(threads[key]):
-                watch.ended(key)  # stopped: its thread returns now
-        stuck = watch.stuck()
-        if stuck and not self.closing:
-            self.closing = True
-            logger.error("daskgpu: cancelled launch task(s) %s still run %.3g s after being "
-                         "cancelled (daskgpu.cancel-grace); closing worker %s so its nanny "
-                         "starts a fresh process and the GPU is free", stuck, watch.grace,
-                         worker.address)
-            worker.loop.call_later(0, close_worker, worker, True)
+    def carry_out(self, decision) -> None:
+        """Do what a decision of :func:`decide` or :func:`replacement` says."""
+        worker = self.worker
+        match decision:
+            case FailLaunch(key, limit, kernel, thread):
+                task = worker.state.tasks.get(key)
+                if task is None:
+                    return
+                stopped = thread is not None and launch_runs.stop(thread)
+                if stopped:
+                    self._stopped.add(key)
+                # Raised into the task's state, not its thread, which may never return;
+                # the error's transition then closes the worker, as for a lost context.
+                from distributed.worker_state_machine import ExecuteFailureEvent
+
+                worker.handle_stimulus(ExecuteFailureEvent.from_exception(
+                    LaunchTimeoutError(timeout_message(key, limit, kernel, stopped,
+                                                       place_of(task.run_spec))),
+                    key=key, run_id=task.run_id, start=task.start_time, stop=time.time(),
+                    stimulus_id=f"daskgpu-launch-timeout-{time.time()}"))
+            case StopLaunch(key, thread):
+                if launch_runs.stop(thread):
+                    self.watch.ended(key)  # stopped: its thread returns now
+            case ReplaceWorker(keys, grace):
+                if self.closing:
+                    return
+                self.closing = True
+                logger.error("daskgpu: cancelled launch task(s) %s still run %.3g s after "
+                             "being cancelled (daskgpu.cancel-grace); closing worker %s so "
+                             "its nanny starts a fresh process and the GPU is free",
+                             list(keys), grace, worker.address)
+                worker.loop.call_later(0, close_worker, worker, True)
+
+
+def outlast(watch: LaunchWatch, worker, now=time.monotonic, sleep=time.sleep) -> None:
+    """Watch the launches still running on a closing worker until they end.
+
+    A closing worker waits for its running tasks (up to distributed's close
+    timeout, 30 s), and its event loop no longer looks at them. A launch that has
+    not ended ``watch.grace`` seconds after the close began, or that outruns its
+    time limit first, has its worker's process ended at once, which frees the
+    GPU (a worker without a nanny has a simulated launch stopped instead).
+    """
+    closing = now()
+    while True:
+        sleep(PERIOD)
+        running = {key: ident for ident, key in
+                   dict(getattr(worker, "active_threads", None) or {}).items()}
+        for key in watch.keys():
+            when = launch_runs.started(running[key]) if key in running else None
+            if key not in running:
+                watch.ended(key)
+            elif when is not None:
+                watch.launched(key, when)
+        if not watch:
+            return
+        if now() - closing <= watch.grace and not watch.overdue(now()):
+            continue
+        if getattr(worker, "nanny", None):
+            logger.error("daskgpu: launch task(s) %s still run as worker %s closes; ending "
+                         "its process to free the GPU", watch.keys(), worker.address)
+            logging.shutdown()
+            os._exit(1)
+        for key in watch.keys():
+            launch_runs.stop(running[key])
+            watch.ended(key)
 
 
 def lost_context(task) -> bool:

@@ -7,8 +7,13 @@ A bundle is one JSON document (UTF-8), so reading it can never run code::
                  "args": [["array", "float32", 1, "C"]], "writes": [0],
                  "grid_ndim": 1, "links": [{"name": ..., "kind": ..., "data": "<base64>"}],
                  "options": [["fastmath", false]], "versions": [["numba-cuda", "0.30.4"]],
-                 "exceptions": [[1, "ValueError", ["n too big"], ["k", "k.py", 8]]]}],
+                 "exceptions": [[1, "ValueError", ["n too big"], ["k", "k.py", 8]]],
+                 "positions": [["bound", 0, 0, 0, "k.py:6"]]}],
      "sha256": "<hex>", "hmac-sha256": "<hex>"}
+
+``positions`` (optional: older bundles lack it) records how the kernel uses its thread's
+position (:mod:`daskgpu._image.position_uses`), by which a map decides whether it may
+group chunks; a bundle without it is mapped one launch per chunk unless asked otherwise.
 
 ``sha256`` is taken over the canonical serialization of everything else (keys
 sorted, no whitespace), so corruption is caught on load. It is no seal: whoever

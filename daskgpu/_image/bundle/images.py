@@ -65,6 +65,8 @@ def encode_image(image: KernelImage) -> dict:
             [code, cls, list(args), list(loc) if loc is not None else None]
             for code, cls, args, loc in image.exceptions
         ],
+        **({"positions": [list(use) for use in image.positions]}
+           if image.positions is not None else {}),
     }
 
 
@@ -87,7 +89,7 @@ def decode_image(obj, index: int, path: str) -> KernelImage:
     """
     where = f"images[{index}]"
     check_type(obj, dict, where, path)
-    check_keys(obj, IMAGE_KEYS, where, path)
+    check_keys(obj, IMAGE_KEYS, where, path, optional={"positions"})
     name, entry = _name_and_entry(obj, where, path)
     ptx = _ptx(obj["ptx"], entry, where, path)
     args = _args(obj["args"], where, path)
@@ -99,6 +101,8 @@ def decode_image(obj, index: int, path: str) -> KernelImage:
               "options": _options(obj["options"], where, path),
               "versions": _versions(obj["versions"], where, path),
               "exceptions": _exceptions(obj["exceptions"], where, path)}
+    if "positions" in obj:  # checked with the other fields, by image_from_fields
+        fields["positions"] = check_type(obj["positions"], list, f"{where}.positions", path)
     try:
         return image_from_fields(fields)
     except (TypeError, ValueError, IndexError) as exc:

@@ -60,9 +60,6 @@ def test_a_mix_without_an_element_per_small_chunk_is_refused():
 def test_on_a_gpu_large_chunks_run_alone_and_small_ones_together():
     import dask
 
-    from daskgpu import _config
-
-    _config.register()  # before the block, so that leaving it keeps the defaults
     # 64 MiB inputs: 16 MiB large chunks on a 48 MiB GPU-memory offer, 1 MiB small ones.
     with dask.config.set({"daskgpu.simulate": False}):
         row = compute.bench_sharing(64 << 20, repeat=1, simulate=False)

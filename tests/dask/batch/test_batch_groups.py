@@ -19,6 +19,7 @@ from numba import cuda
 
 import daskgpu as dg
 from daskgpu._dask.batch import run_batch
+from daskgpu._dask.batch.groups import PROGRESS_STEPS
 from daskgpu._dask.batch.ledger import LEDGER, done_chunks, marker_name, read_marker
 
 zarr = pytest.importorskip("zarr")
@@ -119,7 +120,9 @@ def test_grouping_is_on_by_default_and_off_with_group_false(client, job):
     with get_task_stream(client) as ts:
         report = _run(job, client, "default.zarr")  # daskgpu.launch-bytes: 32 MiB
     assert report.complete
-    assert _tasks(ts.data, "saxpy-") == 1  # 48 KiB in all: one group
+    # 48 KiB in all: one group would hold it, but a job moves in steps a user can see
+    # (and an interrupt keeps): two chunks a task.
+    assert _tasks(ts.data, "saxpy-") == PROGRESS_STEPS == CHUNKS // 2
     with get_task_stream(client) as ts:
         report = _run(job, client, "off.zarr", group=False)
     assert report.complete
@@ -320,15 +323,49 @@ def test_a_marker_without_its_launch_counts_as_its_chunk_launched_alone(client, 
     np.testing.assert_array_equal(_read(job, "z.zarr"), _read(job, "fresh.zarr"))
 
 
+INDEXED_FILE = '''
+from numba import cuda
+
+def indexed(out, x):
+    i = cuda.grid(1)
+    if i < out.size:
+        out[i] = x[i] + i
+'''
+
+
+@pytest.mark.grouped
+def test_by_default_a_chunk_dependent_kernel_runs_one_task_a_chunk_and_says_why(client, job):
+    from dask.array.core import PerformanceWarning
+
+    with get_task_stream(client) as ts, pytest.warns(PerformanceWarning) as warned:
+        report = _indexed(job, client, "z.zarr")
+    assert report.complete and _tasks(ts.data, "indexed-") == CHUNKS
+    text = str(warned[0].message)
+    assert "uses the thread's position as a value" in text and "--group SIZE" in text
+    assert _indexed(job, client, "apart.zarr", group=False).complete
+    np.testing.assert_array_equal(_read(job, "z.zarr"), _read(job, "apart.zarr"))
+
+
+@pytest.mark.parametrize("first, then", [(GROUP, False), (False, GROUP), (GROUP, "8KiB")])
+def test_a_layout_independent_job_resumed_in_another_layout_keeps_every_chunk(client, job,
+                                                                              first, then):
+    assert _run(job, client, "z.zarr", group=first).complete
+    out = str(job["tmp"] / "z.zarr")
+    before = data_mtimes(out)
+    resumed = _run(job, client, "z.zarr", group=then)
+    assert not resumed.computed and not resumed.stale and len(resumed.skipped) == CHUNKS
+    assert data_mtimes(out) == before
+    np.testing.assert_array_equal(_read(job, "z.zarr"), job["expected"])
+
+
 def test_a_rerun_in_its_own_layout_starts_no_cluster_and_one_in_another_does(client, job):
     from daskgpu._cli.batch import main
 
     kernel = job["tmp"] / "layoutkern.py"
-    kernel.write_text(SAXPY_FILE)
-    argv = [f"{kernel}:saxpy", "--sig", SAXPY_SIG, "--scalar", "2.0", "--no-progress",
+    kernel.write_text(INDEXED_FILE)  # a kernel that sees its launch as one chunk
+    argv = [f"{kernel}:indexed", "--sig", "void(float32[::1], float32[::1])", "--no-progress",
             "--simulate", "--output", str(job["tmp"] / "z.zarr")]
-    for p in job["inputs"]:
-        argv += ["--input", p]
+    argv += ["--input", job["inputs"][0]]
     assert main([*argv, "--group", GROUP, "--scheduler", client.scheduler.address]) == 0
 
     proc = batch_without_a_cluster([*argv, "--group", GROUP])

@@ -119,6 +119,22 @@ def test_sigterm_with_a_scheduler_stops_as_ctrl_c_does(client, job):
     _resume_is_exact(job, client, done_chunks(job["out"]))
 
 
+@pytest.mark.parametrize("grouped", [False, True], ids=["one-task-a-chunk", "grouped"])
+def test_ctrl_c_to_the_group_with_a_scheduler_says_one_line_and_exits_130(client, job,
+                                                                           grouped):
+    # A terminal's Ctrl-C reaches the run's whole process group: it died by the signal,
+    # with nothing on stderr.
+    argv = [a for a in job["argv"] if not (grouped and a == "--no-group")]
+    proc = _start([*argv, "--scheduler", client.scheduler.address, "--no-progress"])
+    _wait_for(proc, _written(job["out"], 1 if grouped else 3), "chunks written")
+    os.killpg(proc.pid, signal.SIGINT)
+    _, err = proc.communicate(timeout=TIMEOUT)
+    assert proc.returncode == 130, err
+    (line,) = err.splitlines()
+    assert line.startswith("daskgpu batch interrupted:") and "run the same job again" in line
+    assert not os.path.exists(lock_path(job["out"]))
+
+
 @pytest.mark.parametrize("signum,status", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
 def test_a_signal_to_the_whole_group_stops_the_local_cluster_cleanly(client, job, signum,
                                                                      status):

@@ -21,8 +21,6 @@ from daskgpu._dask.workers.gpu_time import (
 from daskgpu._dask.workers.plugin import GPUWorkerPlugin
 from daskgpu._runtime import metrics
 
-dg._config.register()  # before dask.config.set, so the defaults outlive its blocks
-
 
 def _gpu_seconds(metrics_by_key, unit="seconds") -> dict:
     """``{(task prefix, label): value}`` of daskgpu's labels among fine performance metrics:

@@ -165,13 +165,7 @@ def test_on_a_gpu_a_gpu_worker_reports_nvml_memory_and_utilization_to_the_schedu
     pytest.importorskip("pynvml", reason="NVML's bindings (nvidia-ml-py) are not installed")
     import dask.array as da
     import numpy as np
-    from numba import cuda
-
-    @dg.jit
-    def double(out, x):
-        i = cuda.grid(1)
-        if i < x.size:
-            out[i] = 2 * x[i]
+    from kit.kernels import double
 
     with dask.config.set({"daskgpu.simulate": False}), \
             dg.LocalGPUCluster(simulate=False, dashboard_address=":0") as cluster, \

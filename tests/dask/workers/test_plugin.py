@@ -129,10 +129,16 @@ def test_a_lost_context_raised_from_counts_and_other_errors_do_not():
     assert worker.loop.later == []
 
 
+class _Unpicklable:
+    def __reduce__(self):
+        raise AssertionError("the worker was pickled with the plugin")
+
+
 def test_the_worker_is_not_pickled_with_the_plugin():
-    plugin, _ = _set_up_on({})
+    plugin, worker = _set_up_on({})
+    worker.unpicklable = _Unpicklable()
     back = pickle.loads(pickle.dumps(plugin))
-    assert back._worker is None and back.info == plugin.info
+    assert back.info == plugin.info and repr(back) == "GPUWorkerPlugin()"
 
 
 @pytest.mark.nogpu

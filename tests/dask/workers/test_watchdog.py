@@ -7,12 +7,20 @@ import dask
 import numpy as np
 import pytest
 from distributed import Client
+from kit.kernels import double
 from numba import cuda
 
 import daskgpu as dg
-from daskgpu._dask.workers.watchdog import STARTUP, LaunchWatch
-
-dg._config.register()  # before dask.config.set, so the defaults outlive its blocks
+from daskgpu._dask.workers.launch_watch import (
+    STARTUP,
+    FailLaunch,
+    LaunchWatch,
+    ReplaceWorker,
+    Seen,
+    StopLaunch,
+    decide,
+    replacement,
+)
 
 
 @dg.jit("void(int64[::1])")
@@ -22,13 +30,6 @@ def spin(flag):
     while flag[0] == 0:
         if i > 1 << 40:
             flag[0] = 1
-
-
-@dg.jit("void(float32[::1], float32[::1])")
-def double(out, x):
-    i = cuda.grid(1)
-    if i < out.size:
-        out[i] = 2 * x[i]
 
 
 def _addresses(client):
@@ -71,27 +72,41 @@ def test_a_launch_over_its_time_limit_fails_in_one_line_and_the_worker_comes_bac
 
 
 @pytest.mark.slow
-def test_a_map_over_its_time_limit_names_the_chunk(one_worker):
+def test_every_one_of_five_spinning_launches_on_one_worker_fails_over_its_limit(one_worker):
+    # Each over its limit replaces the worker while the others wait on it: the scheduler
+    # must not count those replacements against the waiting launches (KilledWorker after
+    # distributed.scheduler.allowed-failures of them).
+    futures = [one_worker.submit(spin.configure(1, 1, timeout=1), np.zeros(1, np.int64),
+                                 pure=False) for _ in range(5)]
+    for future in futures:
+        with pytest.raises(dg.LaunchTimeoutError, match="time limit of 1 s"):
+            future.result(timeout=180)
+
+
+@pytest.mark.slow
+def test_a_map_over_its_time_limit_names_the_chunks_of_its_launch(one_worker):
     import dask.array as da
 
-    flags = da.zeros(4, chunks=2, dtype=np.int64)
-    z = dg.map_kernel(spin, flags, timeout=1)
-    with pytest.raises(dg.LaunchTimeoutError, match=r"kernel 'spin' on chunk \(\d,\) did not "
-                                                    r"finish within its time limit of 1 s"):
+    # Four chunks of 2 in one grouped launch: its limit is 0.5 s a chunk, 2 s in all.
+    flags = da.zeros(8, chunks=2, dtype=np.int64)
+    z = dg.map_kernel(spin, flags, timeout=0.5, group="1 KiB")
+    assert z.numblocks == (1,)
+    with pytest.raises(dg.LaunchTimeoutError,
+                       match=r"kernel 'spin' on chunks \(0,\) to \(3,\) \(one grouped launch; "
+                             r"map_kernel\(group=False\) launches each alone\) did not finish "
+                             r"within its time limit of 2 s"):
         one_worker.compute(z).result(timeout=60)
 
 
 @pytest.mark.slow
-def test_the_setting_limits_launches_without_their_own(one_worker):
-    client = one_worker
-
-    def set_limit(dask_worker):
-        plugin = dask_worker.plugins["daskgpu-gpu"]
-        plugin._watch.default_limit = 0.5  # as daskgpu.launch-timeout=0.5 would at setup
-
-    client.run(set_limit)
-    with pytest.raises(dg.LaunchTimeoutError, match="time limit of 0.5 s"):
-        client.submit(spin.forall(1), np.zeros(1, np.int64), pure=False).result(timeout=60)
+def test_the_setting_limits_launches_without_their_own():
+    # The nannies hand the workers the settings in force when the cluster starts.
+    with dask.config.set({"daskgpu.launch-timeout": 0.5}), \
+            dg.LocalGPUCluster(simulate=True, devices=1, dashboard_address=None) as cluster, \
+            Client(cluster) as client:
+        client.wait_for_workers(1, timeout=60)
+        with pytest.raises(dg.LaunchTimeoutError, match="time limit of 0.5 s"):
+            client.submit(spin.forall(1), np.zeros(1, np.int64), pure=False).result(timeout=60)
 
 
 @pytest.mark.slow
@@ -155,6 +170,59 @@ def test_the_watch_keeps_time_and_the_grace():
     watch.ended("a")
     watch.ended("b")
     assert not watch and watch.stuck(now=100.0) == []
+
+
+def _seen(states, threads=None, runs=None, cancelled=(), alone=False):
+    return Seen(threads=threads or {}, runs=runs or {}, states=states,
+                cancelled_running=frozenset(cancelled), alone=alone)
+
+
+def test_a_launch_over_its_limit_is_failed_once_and_left_to_its_thread_where_a_nanny_is():
+    watch = LaunchWatch(default_limit=None, grace=2.0)
+    watch.started("k", 1.0, now=0.0, kernel="spin")
+    seen = _seen({"k": "executing"}, threads={"k": 7}, runs={"k": 0.5})
+    assert decide(watch, seen, now=1.4) == []
+    assert decide(watch, seen, now=1.6) == [FailLaunch("k", 1.0, "spin", None)]
+    assert decide(watch, seen, now=9.0) == [] and not watch  # failed once, then forgotten
+
+
+def test_a_launch_over_its_limit_without_a_nanny_is_stopped_in_its_thread():
+    watch = LaunchWatch(default_limit=None, grace=2.0)
+    watch.started("k", 1.0, now=0.0, kernel="spin")
+    seen = _seen({"k": "executing"}, threads={"k": 7}, runs={"k": 0.0}, alone=True)
+    assert decide(watch, seen, now=1.5) == [FailLaunch("k", 1.0, "spin", 7)]
+
+
+def test_a_task_that_left_its_thread_is_not_failed():
+    watch = LaunchWatch(default_limit=None, grace=2.0)
+    watch.started("k", 1.0, now=0.0)
+    assert decide(watch, _seen({"k": "memory"}, runs={"k": 0.0}), now=5.0) == []
+    assert not watch
+
+
+def test_a_cancelled_launch_running_past_the_grace_is_stopped_or_its_worker_replaced():
+    for alone, decided, left in [(True, [StopLaunch("c", 3)], ReplaceWorker(("c",), 2.0)),
+                                 (False, [], ReplaceWorker(("c",), 2.0))]:
+        watch = LaunchWatch(default_limit=None, grace=2.0)
+        watch.started("c", None, now=0.0)
+        watch.cancelled("c", now=1.0)
+        seen = _seen({"c": "cancelled"}, threads={"c": 3}, cancelled=("c",), alone=alone)
+        assert decide(watch, seen, now=2.0) == [] and replacement(watch, now=2.0) is None
+        assert decide(watch, seen, now=3.5) == decided
+        # Until the guard has stopped it (and stops watching it), it is still running.
+        assert replacement(watch, now=3.5) == left
+
+
+def test_a_cancelled_launch_that_returned_or_is_wanted_again_is_not_replaced():
+    watch = LaunchWatch(default_limit=10.0, grace=2.0)
+    for key in ("returned", "again"):
+        watch.started(key, None, now=0.0)
+        watch.cancelled(key, now=0.0)
+    seen = _seen({"returned": "released", "again": "executing"}, cancelled=())
+    assert decide(watch, seen, now=3.0) == [] and replacement(watch, now=3.0) is None
+    assert watch.keys() == ["again"]  # wanted again: still timed, under its limit
+    assert decide(watch, _seen({"again": "executing"}, runs={"again": 0.0}), now=11.0) == [
+        FailLaunch("again", 10.0, None, None)]
 
 
 def test_a_launch_that_never_begins_its_run_is_timed_after_the_startup_allowance():
@@ -313,3 +381,80 @@ def test_on_a_gpu_a_60_s_kernel_over_its_limit_fails_and_the_gpu_is_free_within_
     print(f"60 s kernel, 1 s limit: failed after {failed:.2f} s; next launch done "
           f"{took:.2f} s after that")
     assert failed < 3 and took < 5
+
+
+@pytest.mark.slow
+def test_a_spinning_launch_ends_within_its_limit_and_the_grace_when_the_scheduler_dies(tmp_path):
+    # The worker closes when it loses its scheduler; its launch watch must outlast the close,
+    # or the closing process waits for the kernel (distributed's close timeout, 30 s).
+    _kill_the_scheduler_under_a_launch(tmp_path, spin.configure(1, 1, timeout=3),
+                                       (np.zeros(1, np.int64),), simulate=True)
+
+
+@pytest.mark.slow
+@pytest.mark.gpu
+def test_on_a_gpu_a_60_s_kernel_frees_the_gpu_within_its_limit_when_the_scheduler_dies(
+        tmp_path):
+    _kill_the_scheduler_under_a_launch(tmp_path, sleep_ms.forall(1, timeout=3),
+                                       (np.zeros(1, np.int32), np.int32(60_000)),
+                                       simulate=False)
+
+
+def _kill_the_scheduler_under_a_launch(tmp_path, launch, args, simulate):
+    """Start a scheduler and one worker (under its nanny), run ``launch`` (limit 3 s) on
+    ``args``, kill the scheduler: the worker's process must end within the limit and
+    the grace (2 s), and some slack, which frees the GPU."""
+    import os
+    import subprocess
+    import sys
+
+    import psutil
+
+    scheduler_file = tmp_path / "scheduler.json"
+    env = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
+    log = open(tmp_path / "cluster.log", "wb")
+    scheduler = subprocess.Popen(
+        [sys.executable, "-m", "distributed.cli.dask_scheduler", "--scheduler-file",
+         str(scheduler_file), "--port", "0", "--dashboard-address", ":0", "--no-show"],
+        env=env, stdout=log, stderr=subprocess.STDOUT)
+    worker = None
+    try:
+        start = time.monotonic()
+        while not scheduler_file.exists():
+            assert time.monotonic() - start < 60, "the scheduler did not start"
+            time.sleep(0.2)
+        worker = subprocess.Popen(
+            [sys.executable, "-m", "daskgpu", "worker", "--scheduler-file", str(scheduler_file),
+             "--devices", "0", "--nthreads", "1"],
+            env=dict(env, DASK_DASKGPU__SIMULATE="1" if simulate else "0"), stdout=log,
+            stderr=subprocess.STDOUT)
+        client = Client(scheduler_file=str(scheduler_file), timeout="60s")
+        client.wait_for_workers(1, timeout=120)
+        (pid,) = client.run(os.getpid).values()  # the worker's process, under its nanny
+        with dask.config.set({"daskgpu.simulate": simulate}):
+            future = client.submit(launch, *args, pure=False)
+        while not any(client.processing().values()):
+            time.sleep(0.05)
+        time.sleep(0.5)  # it runs
+        scheduler.kill()
+        killed = time.monotonic()
+        process = psutil.Process(pid)
+
+        def running():
+            try:
+                return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+            except psutil.NoSuchProcess:
+                return False
+
+        while running():
+            assert time.monotonic() - killed < 15, \
+                "the launch outlived its limit (3 s) and the grace (2 s)"
+            time.sleep(0.1)
+        del future
+        client.close(timeout=1)
+    finally:
+        for p in (worker, scheduler):
+            if p is not None:
+                p.kill()
+                p.wait(timeout=30)
+        log.close()

@@ -12,10 +12,7 @@ import warnings
 import dask.config
 import pytest
 
-from daskgpu import _config
 from daskgpu._runtime.gpu.cubin_cache import DiskCache
-
-_config.register()
 
 VERSIONS = ((12, 9), (12, 9))
 OLD_VERSIONS = ((12, 4), (12, 4))  # a driver and nvJitLink since upgraded

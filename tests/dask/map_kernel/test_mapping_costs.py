@@ -14,9 +14,10 @@ from layers import EXPRESSIONS, hlg_only, launch_keys
 import daskgpu as dg
 from daskgpu._bounded import BoundedCache
 from daskgpu._dask import cluster_facts
+from daskgpu._dask.launch_core.resources import LAUNCH_SHARE
 from daskgpu._dask.map_kernel import api as mapping
-from daskgpu._dask.map_kernel import chunk_task, graph_hlg
-from daskgpu._dask.placement import LAUNCH_SHARE
+from daskgpu._dask.map_kernel import chunk_task
+from daskgpu._dask.map_kernel.graphs import hlg as graph_hlg
 
 
 def test_the_launch_cache_is_bounded():
@@ -130,7 +131,7 @@ def test_a_small_graph_carries_the_launch_in_each_task_a_large_one_reads_one_key
 def test_a_launching_task_carries_neither_the_ptx_nor_main():
     pytest.importorskip("distributed")
     from daskgpu._cli.bench import scale
-    from daskgpu._dask.placement import runs_launch
+    from daskgpu._dask.launch_core.walk import runs_launch
 
     arr = scale.saxpy(scale.ones(100))
     tasks = scale.optimized_tasks(arr)
@@ -206,4 +207,4 @@ def test_a_place_reaches_dask_as_a_data_node_it_need_not_search_for_keys():
 
     places = mapping._places(((4, 4, 2),), ((4, 4, 2),), (0,), (False,))
     node = places.get((2,), None)  # as dask asks
-    assert isinstance(node, DataNode) and node.value == places[2,] == ((2,), (2,), (8,))
+    assert isinstance(node, DataNode) and node.value == places[2,] == ((2,), (2,), (8,), None)

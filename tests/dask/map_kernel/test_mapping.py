@@ -15,8 +15,9 @@ from layers import EXPRESSIONS, hlg_only
 from numba import cuda
 
 import daskgpu as dg
+from daskgpu._dask.launch_core.resources import LAUNCH_SHARE
+from daskgpu._dask.launch_core.walk import runs_launch
 from daskgpu._dask.map_kernel.chunk_task import ChunkLaunch
-from daskgpu._dask.placement import LAUNCH_SHARE, runs_launch
 
 # -- kernels ------------------------------------------------------------------
 

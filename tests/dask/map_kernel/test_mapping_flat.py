@@ -8,19 +8,15 @@ import dask
 import dask.array as da
 import numpy as np
 import pytest
+from kit.kernels import scale, scale64
 from numba import cuda
 
 import daskgpu as dg
 
 
 def _lazy_scale():
-    @dg.jit
-    def scale(out, a, x):
-        i = cuda.grid(1)
-        if i < out.size:
-            out[i] = a * x[i]
-
-    return scale
+    """A lazy ``scale`` of its own, that has compiled nothing yet."""
+    return dg.jit(scale.py_func)
 
 
 @dg.jit
@@ -28,13 +24,6 @@ def axpy(out, a, x, y):
     i = cuda.grid(1)
     if i < out.size:
         out[i] = a * x[i] + y[i]
-
-
-@dg.jit("void(float64[::1], float64, float64[::1])")
-def scale_eager(out, a, x):
-    i = cuda.grid(1)
-    if i < out.size:
-        out[i] = a * x[i]
 
 
 @dg.jit
@@ -83,9 +72,9 @@ def test_a_kernel_without_grid_calls_falls_back_to_flat_chunks(simulate):
 def test_declared_1d_signature_takes_nd_chunks_flat(simulate):
     xn = np.arange(24.0).reshape(2, 3, 4)
     x = da.from_array(xn, chunks=(1, 2, 3))
-    z = dg.map_kernel(scale_eager, dg.Out(np.float64, like=x), 0.5, x)
+    z = dg.map_kernel(scale64, dg.Out(np.float64, like=x), 0.5, x)
     np.testing.assert_array_equal(z.compute(), 0.5 * xn)
-    ptx = pickle.loads(pickle.dumps(scale_eager))  # what dg.load gives: no Python function
+    ptx = pickle.loads(pickle.dumps(scale64))  # what dg.load gives: no Python function
     assert isinstance(ptx, dg.PTXKernel)
     z = dg.map_kernel(ptx, dg.Out(np.float64, like=x), 0.5, x)
     np.testing.assert_array_equal(z.compute(), 0.5 * xn)

@@ -17,7 +17,7 @@ from dask._task_spec import TaskRef
 from numba import cuda
 
 import daskgpu as dg
-from daskgpu import _config
+from daskgpu._dask.launch_core.task import run_chunk
 from daskgpu._dask.map_kernel import chunk_task
 from daskgpu._errors import ConfigError
 from daskgpu._runtime import backends
@@ -65,7 +65,7 @@ def _expected(xn, scalars):
 def _fused(z):
     """The fused launch of ``z``'s first task (a small graph carries it in each)."""
     task = dict(z.__dask_graph__())[(z.name,) + (0,) * z.ndim]
-    assert task.func is chunk_task.run_chunk
+    assert task.func is run_chunk
     fused = task.args[0].value
     assert isinstance(fused, chunk_task.Fused)
     return fused
@@ -76,7 +76,6 @@ SCALARS = tuple(np.float32(0.5 + k / 8) for k in range(LAUNCHES))
 
 @pytest.fixture
 def simulate():
-    _config.register()
     with dask.config.set({"daskgpu.simulate": True, "scheduler": "sync"}):
         yield
 
@@ -224,7 +223,6 @@ def test_the_process_cache_is_bounded():
 # -- on a GPU --------------------------------------------------------------------------
 @pytest.fixture
 def on_gpu():
-    _config.register()
     with dask.config.set({"daskgpu.simulate": False, "scheduler": "sync",
                           "daskgpu.chain-graphs": 4}):
         graphs.chain_graphs.clear()

@@ -1,12 +1,11 @@
 """``map_kernel``'s tasks on Dask's HighLevelGraph layer (``array.query-planning`` off).
 
-:class:`HLGLayer` is what :mod:`.api` asks of a graph layer: unify chunks,
+:class:`HLGLayer` answers what :class:`~.layer.GraphLayer` asks: unify chunks,
 halos and their trimming, the launch layer itself (``da.blockwise`` of
-:func:`~.chunk_task.run_chunk` over the blocks and their places), and the
-per-chunk outputs' combine, and larger chunks for grouped launches: a
-``da.from_array`` input read in the groups' pieces (:func:`read_in_groups`),
-any other rechunked. :mod:`.graph_expr` answers the same questions on array
-expressions.
+:func:`~daskgpu._dask.launch_core.task.run_chunk` over the blocks and their
+places), and larger chunks for grouped launches: a ``da.from_array`` input read
+in the groups' pieces (:func:`read_in_groups`), any other rechunked. :mod:`.expr`
+answers the same questions on array expressions.
 """
 
 from __future__ import annotations
@@ -17,9 +16,9 @@ from itertools import product
 
 import numpy as np
 
-from daskgpu._dask.map_kernel import reduction
+from daskgpu._dask.launch_core.task import run_chunk
 from daskgpu._dask.map_kernel.arguments import Out
-from daskgpu._dask.map_kernel.chunk_task import run_chunk
+from daskgpu._dask.map_kernel.graphs.layer import GraphLayer
 
 __all__ = ["EMBED_BYTES", "HLGLayer", "LAUNCH_KEY_ANNOTATION", "embeds", "launch_key",
            "read_in_groups", "unified"]
@@ -45,21 +44,19 @@ def embeds(fn, tasks: int) -> bool:
     return tasks * len(pickle.dumps(fn)) <= EMBED_BYTES
 
 
-class HLGLayer:
-    """Building blocks of a map on the HighLevelGraph layer."""
+class HLGLayer(GraphLayer):
+    """A map's tasks on the HighLevelGraph layer: a :class:`~.layer.GraphLayer`."""
 
     name = "hlg"
 
-    @staticmethod
-    def align(arrays, ndim):
+    def align(self, arrays, ndim):
         """Unify chunks as ``da.blockwise`` does (right-aligned broadcasting)."""
         from dask.array.core import unify_chunks
 
         return unified(unify_chunks, [placeholder(a) if isinstance(a, Out) else a
                                        for a in arrays], arrays, ndim)
 
-    @staticmethod
-    def regroup(array, chunks):
+    def regroup(self, array, chunks):
         """``array`` with larger chunks, neighbours merged. An array read by
         ``da.from_array`` (or ``da.from_zarr``) with nothing between is built again to
         read the larger pieces itself (:func:`read_in_groups`); any other
@@ -69,27 +66,23 @@ class HLGLayer:
         grouped = read_in_groups(array, chunks)
         return grouped if grouped is not None else array.rechunk(chunks)
 
-    @staticmethod
-    def overlap(arrays, depth, boundary):
+    def overlap(self, arrays, depth, boundary):
         from dask.array.overlap import overlap
 
         return [overlap(a, depth=depth, boundary=boundary, allow_rechunk=False)
                 for a in arrays]
 
-    @staticmethod
-    def trim(result, depth, boundary):
+    def trim(self, result, depth, boundary):
         from dask.array.overlap import trim_internal
 
         return trim_internal(result, depth, boundary)
 
-    @staticmethod
-    def coerce_halo(ndim, depth, boundary):
+    def coerce_halo(self, ndim, depth, boundary):
         from dask.array.overlap import coerce_boundary, coerce_depth
 
         return coerce_depth(ndim, depth), coerce_boundary(ndim, boundary)
 
-    @staticmethod
-    def launches(fn, task_args, places, name, meta, per_chunk=None, token=None):
+    def launches(self, fn, task_args, places, name, meta, per_chunk=None, token=None):
         """The launch layer: ``fn`` per block on its arguments' blocks and its place.
 
         ``fn`` (the kernel's PTX and the parameters) is a key of the graph of
@@ -117,28 +110,6 @@ class HLGLayer:
             adjust_chunks=None if per_chunk is None else dict.fromkeys(mapped, 1),
             align_arrays=False, concatenate=True)
 
-    @staticmethod
-    def select(launched, i, name, meta, per_chunk=None):
-        """Result ``i`` of each launch of a map that returns several, named ``name``:
-        aligned with the blocks, or one block of ``per_chunk`` per launch. ``da.blockwise``
-        is the layer's own, so the expression layer uses this too."""
-        import operator
-
-        from dask.array import blockwise
-
-        ndim = launched.ndim
-        mapped = tuple(range(ndim))[::-1]
-        new = tuple(range(ndim, ndim + len(per_chunk or ())))
-        return blockwise(
-            operator.getitem, mapped + new, launched, mapped, i, None, name=name, meta=meta,
-            new_axes=dict(zip(new, per_chunk or ())),
-            adjust_chunks=None if per_chunk is None else dict.fromkeys(mapped, 1),
-            align_arrays=False, concatenate=True)
-
-    @staticmethod
-    def combine(partials, ndim, fold, split_every, name, axis):
-        return reduction.combine_partials(partials, ndim, fold, split_every, name=name,
-                                          axis=axis)
 
 
 def unified(unify_chunks, dask_arrays, arrays, ndim):
@@ -214,7 +185,7 @@ def launch_key(fn, key: str):
 # inline or in a layer ``original-<name>`` of its own). Where a map's input is such an
 # array, with nothing between, it is built again over the grouped chunks: one constant,
 # or one read, per group, rather than one per chunk and a task that joins them. On
-# array expressions Dask's ``FromArray`` takes new chunks itself (:mod:`.graph_expr`).
+# array expressions Dask's ``FromArray`` takes new chunks itself (:mod:`.expr`).
 
 def read_in_groups(array, chunks):
     """``array``, a ``da.from_array`` of a source, built again over ``chunks`` (each a
@@ -263,7 +234,7 @@ def _runs(old: tuple, new: tuple) -> list:
     return runs if start == len(old) else None
 
 
-def _runs_per_axis(array, chunks):
+def runs_per_axis(array, chunks):
     """:func:`_runs` of ``array``'s chunks that each of ``chunks`` covers, per axis; None
     where some axis of ``chunks`` is not made of whole chunks of ``array``."""
     runs = [_runs(tuple(old), tuple(new)) for old, new in zip(array.chunks, chunks)]
@@ -278,7 +249,7 @@ def _constants_in_groups(array, layer, chunks):
     from dask._task_spec import DataNode
     from dask.array.core import Array
 
-    runs = _runs_per_axis(array, chunks)
+    runs = runs_per_axis(array, chunks)
     mapping = layer.mapping
     if runs is None or len(mapping) != math.prod(array.numblocks):
         return None
@@ -373,7 +344,7 @@ def _read_in_groups(array, read, layer, chunks):
     from dask.array.core import Array, graph_from_arraylike
 
     source, getitem, kwargs, inline = read
-    if _runs_per_axis(array, chunks) is None:
+    if runs_per_axis(array, chunks) is None:
         return None
     name = _group_name(array, chunks)
     graph = graph_from_arraylike(source, chunks, array.shape, name, getitem=getitem,

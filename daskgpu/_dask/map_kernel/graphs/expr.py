@@ -13,7 +13,7 @@ GPU workers rests on the scheduler plugin
 (:class:`~daskgpu._dask.placement.GPUPlacement`), which reads each task as it
 arrives, as it does on the other layer.
 
-Imported only where query planning is on (:func:`.api.graph_layer`): it
+Imported only where query planning is on (:func:`~daskgpu._dask.map_kernel.api.graph_layer`): it
 imports Dask's expression modules.
 """
 
@@ -29,9 +29,10 @@ from dask.array._array_expr._blockwise import Blockwise
 from dask.array._array_expr._expr import ArrayExpr
 from dask.tokenize import _tokenize_deterministic
 
+from daskgpu._dask.launch_core.task import run_chunk
 from daskgpu._dask.map_kernel.arguments import Out
-from daskgpu._dask.map_kernel.chunk_task import run_chunk
-from daskgpu._dask.map_kernel.graph_hlg import HLGLayer, embeds, unified
+from daskgpu._dask.map_kernel.graphs.hlg import embeds, runs_per_axis, unified
+from daskgpu._dask.map_kernel.graphs.layer import GraphLayer
 
 __all__ = ["ExprLayer", "LaunchKey", "MapKernel", "Placeholder"]
 
@@ -94,13 +95,55 @@ class Placeholder(ArrayExpr):
         return {}
 
 
-class ExprLayer:
-    """Building blocks of a map on array expressions (see :mod:`.graph_hlg`'s ``HLGLayer``)."""
+class Joined(ArrayExpr):
+    """An array's neighbouring chunks joined into larger ones (``chunks``, each a run of
+    whole chunks of ``array``): a task per new chunk that concatenates its blocks.
+
+    What a grouped map gives an input that does not read its groups itself. Unlike
+    ``array.rechunk(chunks)``, it needs no lowering, so a map's expression lowers fully
+    under ``dask.optimize`` and graph inspection (Dask's ``Rechunk`` expression has no
+    ``npartitions`` there: ``dask.optimize(da.arange(8, chunks=2).rechunk(4))`` fails).
+    """
+
+    _parameters = ["array", "chunks"]
+
+    @functools.cached_property
+    def _meta(self):
+        return self.array._meta
+
+    def _layer(self) -> dict:
+        import itertools
+
+        from dask._task_spec import Alias, List, Task, TaskRef
+        from dask.array.core import concatenate3
+
+        source = self.array
+        runs = runs_per_axis(source, self.operand("chunks"))
+
+        def nested(group, axis=0, index=()):
+            if axis == len(runs):
+                return TaskRef((source._name, *index))
+            return List(*(nested(group, axis + 1, index + (b,))
+                          for b in runs[axis][group[axis]]))
+
+        graph = {}
+        for group in itertools.product(*(range(len(r)) for r in runs)):
+            key = (self._name, *group)
+            members = [runs[ax][g] for ax, g in enumerate(group)]
+            if all(len(m) == 1 for m in members):  # one chunk: the same block, no copy
+                graph[key] = Alias(key, (source._name, *(m[0] for m in members)))
+            else:
+                graph[key] = Task(key, concatenate3, nested(group))
+        return graph
+
+
+class ExprLayer(GraphLayer):
+    """A map's tasks on array expressions: a :class:`~.layer.GraphLayer`; it shares with
+    :class:`~.hlg.HLGLayer` what the interface writes once (``select``, ``combine``)."""
 
     name = "expr"
 
-    @staticmethod
-    def align(arrays, ndim):
+    def align(self, arrays, ndim):
         from dask.array._array_expr._collection import new_collection
         from dask.array._array_expr._expr import unify_chunks_expr
 
@@ -115,11 +158,11 @@ class ExprLayer:
             if isinstance(a, Out) else a for a in arrays]
         return unified(unify, dask_arrays, arrays, ndim)
 
-    @staticmethod
-    def regroup(array, chunks):
+    def regroup(self, array, chunks):
         """``array`` with larger chunks, neighbours merged. An array read by
         ``da.from_array`` (or a batch's zarr input) reads the larger pieces itself, so
-        the grouping adds no task; any other gets a rechunk."""
+        the grouping adds no task; any other is joined by a task per group
+        (:class:`Joined`)."""
         from dask.array._array_expr._collection import new_collection
         from dask.array._array_expr._io import FromArray
 
@@ -128,29 +171,27 @@ class ExprLayer:
             return new_collection(Placeholder(chunks, expr._meta))
         if isinstance(expr, FromArray):
             return new_collection(expr.substitute_parameters({"chunks": chunks}))
+        if runs_per_axis(array, chunks) is not None:
+            return new_collection(Joined(expr, tuple(map(tuple, chunks))))
         return array.rechunk(chunks)
 
-    @staticmethod
-    def overlap(arrays, depth, boundary):
+    def overlap(self, arrays, depth, boundary):
         from dask.array._array_expr._overlap import overlap
 
         return [overlap(a, depth=depth, boundary=boundary, allow_rechunk=False)
                 for a in arrays]
 
-    @staticmethod
-    def trim(result, depth, boundary):
+    def trim(self, result, depth, boundary):
         from dask.array._array_expr._overlap import trim_internal
 
         return trim_internal(result, depth, boundary)
 
-    @staticmethod
-    def coerce_halo(ndim, depth, boundary):
+    def coerce_halo(self, ndim, depth, boundary):
         from dask.array._array_expr._overlap import coerce_boundary, coerce_depth
 
         return coerce_depth(ndim, depth), coerce_boundary(ndim, boundary)
 
-    @staticmethod
-    def launches(fn, task_args, places, name, meta, per_chunk=None, token=None):
+    def launches(self, fn, task_args, places, name, meta, per_chunk=None, token=None):
         """The :class:`MapKernel` expression of the launches (see ``HLGLayer.launches``).
 
         With ``token`` (no ``name=`` given), the map's name is ``token`` and a
@@ -183,6 +224,3 @@ class ExprLayer:
                          *pairs, places, mapped)
         return new_collection(expr)
 
-    # dask.array's blockwise and reduction are the layer's own: one code serves both.
-    select = staticmethod(HLGLayer.select)
-    combine = staticmethod(HLGLayer.combine)

@@ -14,6 +14,7 @@ from kit.kernels import saxpy_lazy as saxpy
 from numba import cuda
 
 import daskgpu as dg
+from daskgpu._dask.launch_core.task import run_chunk
 from daskgpu._dask.map_kernel import chunk_task
 
 
@@ -53,7 +54,7 @@ def test_fused_tasks_pickle_and_name_both_kernels(simulate):
     first = dg.map_kernel(saxpy, dg.Out(np.float32, like=x), np.float32(2), x, y)
     z = dg.map_kernel(saxpy, dg.Out(np.float32, like=x), np.float32(2), first, y)
     graph = dict(z.__dask_graph__())
-    assert graph[(z.name, 0)].func is chunk_task.run_chunk
+    assert graph[(z.name, 0)].func is run_chunk
     fused = graph[(z.name, 0)].args[0].value  # a small graph: carried in each task
     assert isinstance(fused, chunk_task.Fused)
     assert fused.__name__ == "saxpy+saxpy"

@@ -6,18 +6,12 @@ import dask.array as da
 import numpy as np
 import pytest
 from distributed import progress, wait
+from kit.kernels import scale64
 from numba import cuda
 
 import daskgpu as dg
 
 SIG = "void(float64[::1], float64, float64[::1])"
-
-
-@dg.jit(SIG)
-def scale(out, a, x):
-    i = cuda.grid(1)
-    if i < out.size:
-        out[i] = a * x[i]
 
 
 @dg.jit("void(float64[::1], float64[::1], float64, float64[::1])")
@@ -36,9 +30,9 @@ def x():
 def test_token_is_a_prefix_and_different_calls_never_share_keys(x):
     # As in da.map_blocks: token= is the prefix, a hash of the arguments follows.
     with dask.config.set({"daskgpu.simulate": True}):
-        two = dg.map_kernel(scale, dg.Out(np.float64, like=x), 2.0, x, token="scaled")
-        three = dg.map_kernel(scale, dg.Out(np.float64, like=x), 3.0, x, token="scaled")
-        again = dg.map_kernel(scale, dg.Out(np.float64, like=x), 2.0, x, token="scaled")
+        two = dg.map_kernel(scale64, dg.Out(np.float64, like=x), 2.0, x, token="scaled")
+        three = dg.map_kernel(scale64, dg.Out(np.float64, like=x), 3.0, x, token="scaled")
+        again = dg.map_kernel(scale64, dg.Out(np.float64, like=x), 2.0, x, token="scaled")
         assert two.name.startswith("scaled-") and three.name.startswith("scaled-")
         assert two.name != three.name      # the bug: both were "scaled", one result
         assert again.name == two.name      # equal calls, equal keys, as in map_blocks
@@ -50,9 +44,9 @@ def test_token_is_a_prefix_and_different_calls_never_share_keys(x):
 def test_name_gives_the_full_name(x):
     # As in da.map_blocks: name= is the whole key name, and wins over token=.
     with dask.config.set({"daskgpu.simulate": True}):
-        z = dg.map_kernel(scale, dg.Out(np.float64, like=x), 2.0, x, name="my-scale")
+        z = dg.map_kernel(scale64, dg.Out(np.float64, like=x), 2.0, x, name="my-scale")
         assert z.name == "my-scale"
-        assert dg.map_kernel(scale, dg.Out(np.float64, like=x), 2.0, x, name="a",
+        assert dg.map_kernel(scale64, dg.Out(np.float64, like=x), 2.0, x, name="a",
                              token="b").name == "a"
         outs = dg.map_kernel(scale_both, dg.Out(np.float64, like=x),
                              dg.Out(np.float64, like=x), 2.0, x, token="both")
@@ -62,16 +56,16 @@ def test_name_gives_the_full_name(x):
 
 def test_default_name_is_the_kernel_and_a_token(x):
     with dask.config.set({"daskgpu.simulate": True}):
-        z = dg.map_kernel(scale, dg.Out(np.float64, like=x), 2.0, x)
+        z = dg.map_kernel(scale64, dg.Out(np.float64, like=x), 2.0, x)
         assert z.name.startswith("scale-") and len(z.name) > len("scale-") + 16
 
 
 def test_distributed_progress_follows_map_kernel_results(client, x, capsys):
-    z = client.persist(dg.map_kernel(scale, dg.Out(np.float64, like=x), 2.0, x))
+    z = client.persist(dg.map_kernel(scale64, dg.Out(np.float64, like=x), 2.0, x))
     outs = client.persist(list(dg.map_kernel(scale_both, dg.Out(np.float64, like=x),
                                              dg.Out(np.float64, like=x), 2.0, x)))
     total = client.persist(dg.map_kernel(
-        scale, dg.Out(np.float64, per_chunk=(1,), combine="sum", fill=0.0), 1.0, x))
+        scale64, dg.Out(np.float64, per_chunk=(1,), combine="sum", fill=0.0), 1.0, x))
     progress(z, *outs, total, notebook=False)  # returns once every task has finished
     err = capsys.readouterr()
     assert "100% Completed" in err.out + err.err
