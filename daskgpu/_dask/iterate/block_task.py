@@ -20,7 +20,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from daskgpu._dask.map_kernel.chunk_params import ChunkContext, array_module, is_cupy
+from daskgpu._dask.map_kernel.arrays import array_module, is_cupy
+from daskgpu._dask.map_kernel.chunk_params import ChunkContext
 from daskgpu._dask.map_kernel.chunk_task import ChunkMemory, launches
 from daskgpu._runtime import backends, faults
 from daskgpu._runtime.launch import unwrap
