@@ -174,7 +174,7 @@ class BlockLaunch(LaunchTask):
         second step on, only the states' and outputs' arguments change, and a launch
         repeated on device arrays takes the runtime's fast path.
         """
-        block_id, block, start = place
+        block_id, block, start = place.block_id, place.shape, place.start
         state = {p: values[i] for p, i in self.initial}
         fixed = {i: values[i] for kind, i in self.slots if kind != "state"}
         ours = set()  # ids of the buffers this task made: only those are written

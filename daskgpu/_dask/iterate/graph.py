@@ -20,6 +20,7 @@ import numpy as np
 from daskgpu._dask.cluster_facts import check_chunk_fits
 from daskgpu._dask.iterate.block_task import BlockLaunch
 from daskgpu._dask.iterate.plan import IteratePlan
+from daskgpu._dask.launch_core.resources import GPU, GPU_MEMORY, LAUNCH_SHARE
 from daskgpu._dask.map_kernel.chunk_params import (
     ChunkParam,
     ChunkPlaces,
@@ -28,7 +29,6 @@ from daskgpu._dask.map_kernel.chunk_params import (
     WholeParam,
 )
 from daskgpu._dask.map_kernel.chunk_task import ChunkLaunch, ChunkMemory
-from daskgpu._dask.placement import GPU, GPU_MEMORY, LAUNCH_SHARE
 
 __all__ = ["build", "exchange", "places"]
 

@@ -9,7 +9,7 @@ from kit.kernels import heat_1d, heat_2d, saxpy_lazy, wave_1d
 import daskgpu as dg
 from daskgpu._dask.iterate.block_task import BlockLaunch
 from daskgpu._dask.iterate.plan import block_lengths, default_block_steps
-from daskgpu._dask.placement import launches_in
+from daskgpu._dask.launch_core.walk import launches_in
 
 A = np.float32(0.2)
 
