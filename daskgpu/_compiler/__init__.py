@@ -14,6 +14,7 @@ module             what it holds
 ``link_inputs``    what a kernel links besides its own PTX
 ``target``         device functions compiled for the target asked, not this GPU
 ``random_states``  ``dg.random_states`` and the states kernel
+``boundary_fill``  the kernels that fill a block's boundary between time steps
 =================  ================================================================
 
 Numba's own switch to its simulator, ``NUMBA_ENABLE_CUDASIM=1``, replaces

@@ -17,6 +17,8 @@ module             what it holds
 ``launch_layout``  which chunks each launch covers: group sizes, and when grouping
                    cannot change what a kernel computes (map_kernel and batch)
 ``map_kernel/``    the feature: one launch per chunk of dask arrays
+``iterate/``       the feature: a stencil kernel for many time steps, a block of
+                   steps per task (built from map_kernel's plan and layers)
 ``batch/``         the feature: a kernel over stored arrays, chunk by chunk
 =================  ================================================================
 """
