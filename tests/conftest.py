@@ -51,6 +51,20 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.slow)
 
 
+
+def pytest_xdist_auto_num_workers(config):
+    """How many processes ``-n auto`` (pyproject.toml's addopts) runs the tests in, each
+    taking whole files (``--dist loadfile``, so that a module's fixtures start once).
+
+    Two on a machine of two cores or more: most of a test that starts a cluster or a
+    process waits, and the other process runs meanwhile. One (no xdist) where a GPU is:
+    its tests time and fill the one device, which a second process would share. ``-n 0``
+    runs in one process anywhere (for ``--pdb``, or ``-s`` to see a test's prints).
+    """
+    if gpu_available() or len(os.sched_getaffinity(0)) < 2:
+        return 0
+    return 2
+
 # -- the fast lane starts no process and no cluster ------------------------------
 
 class _Starts:

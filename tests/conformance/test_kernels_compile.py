@@ -8,7 +8,7 @@ driver, pickled, and the pickles loaded in a fresh process where numba cannot
 be imported. A kernel that numba-cuda itself cannot compile (``compile_ptx``
 for the same cc fails too: the tests of numba's own typing errors) is counted
 and left out; so is one whose function cannot be rebuilt from source here (made
-by ``exec``, or closing over a device array). Run with ``-s`` to see the counts.
+by ``exec``, or closing over a device array). Run with ``-n 0 -s`` to see the counts.
 Regenerate the file with ``run.py`` on the GPU machine (it writes
 ``OUTDIR/kernels.pkl.gz``; merge the listed and the extra runs) when the module
 lists change.
