@@ -34,6 +34,7 @@ from numba.cuda import types
 from numba.cuda.core import ir
 
 from daskgpu._compiler.analysis import grid_call, writes_first_argument
+from daskgpu._image.position_uses import COUNT_MAX
 
 # CUDA's own coordinates: the block and the thread within it move with a launch's start.
 _COORDINATES = frozenset({"threadIdx", "blockIdx", "blockDim", "gridDim", "laneid"})
@@ -140,6 +141,10 @@ class _Walk:
     def use(self, *record):
         if self._recording:
             loc = self._loc
+            # A count past what a record holds (``i < 1 << 40``) tells apart as many
+            # elements as any launch has.
+            record = tuple(max(-COUNT_MAX, min(COUNT_MAX, f)) if _is_int(f) else f
+                           for f in record)
             self.uses.add(record + (f"{loc.filename}:{loc.line}" if loc is not None else "?",))
 
     # -- what a variable holds -------------------------------------------------

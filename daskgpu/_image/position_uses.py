@@ -40,7 +40,8 @@ FIELDS = {"at": "pnnnc", "fixed": "p", "whole": "p", "size": "p", "bound": "pnn"
           "first": "nn", "plus": "pn", "value": "p", "never": "s"}
 
 _TEXT_MAX = 500  # a source line, a file path: bounded, as everything a bundle gives is
-_COUNT_MAX = 2**31 - 1
+#: The largest count, axis or constant a record holds.
+COUNT_MAX = 2**31 - 1
 
 
 def check_uses(uses, nargs: int) -> tuple | None:
@@ -94,5 +95,5 @@ def _check_field(i, kind, spec, value, nargs):
     if spec == "p" and not 0 <= value < nargs:
         raise ValueError(f"position use {i} ({kind!r}) names parameter {value} of a kernel "
                          f"of {nargs}")
-    if spec == "n" and not 0 <= value <= _COUNT_MAX or abs(value) > _COUNT_MAX:
+    if spec == "n" and not 0 <= value <= COUNT_MAX or abs(value) > COUNT_MAX:
         raise ValueError(f"position use {i} ({kind!r}) has {value} out of range")

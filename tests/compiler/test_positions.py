@@ -71,3 +71,18 @@ def test_the_random_states_kernel_compiles():
     from daskgpu._compiler.random_states import builder
 
     assert builder().images
+
+
+def spins_below_a_huge_count(flag):
+    i = cuda.grid(1)
+    k = 0
+    while i < 1 << 40 and flag[0] == 0:
+        k += 1
+
+
+def test_a_comparison_with_a_count_past_what_a_record_holds_is_kept_at_its_bound():
+    from daskgpu._image.position_uses import COUNT_MAX, check_uses
+
+    uses = _uses(spins_below_a_huge_count, (types.int64[::1],))
+    assert ("first", 0, COUNT_MAX) in uses
+    assert check_uses([u + ("k.py:1",) for u in uses], nargs=1)
