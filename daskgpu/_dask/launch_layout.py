@@ -84,6 +84,19 @@ def group_target(group) -> int | None:
     return _config.SETTINGS["launch-bytes"](group)
 
 
+def least_groups(group, spread: int) -> int:
+    """How many groups a layout leaves at least, where the chunks allow: ``spread`` (a
+    group per GPU thread, say) for the default size (``group`` None or True); 1 for a
+    size the caller named, which is taken as asked.
+
+    Examples
+    --------
+    >>> least_groups(None, 4), least_groups("1 MiB", 4)
+    (4, 1)
+    """
+    return max(1, spread) if group_target(group) is None else 1
+
+
 def launch_bytes(group, cluster) -> int:
     """The device memory a grouped launch should cover: ``group`` (see
     :func:`check_group`), at most a quarter of the GPU memory a worker offers, so that

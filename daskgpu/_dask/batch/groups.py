@@ -5,9 +5,9 @@ and Dask runs a few thousand tasks a second at best: one task per stored chunk
 leaves the GPU idle. A batch therefore gathers neighbouring chunks into groups
 by ``map_kernel``'s own rule (:mod:`daskgpu._dask.launch_layout`: groups sized by the
 ``daskgpu.launch-bytes`` setting, at most a quarter of a worker's GPU memory, and only
-for a kernel whose results cannot depend on where a launch begins or ends), and into at
-least :data:`PROGRESS_STEPS` tasks where the job has that many chunks, so that its
-progress moves and an interrupted job keeps what it finished.
+for a kernel whose results cannot depend on where a launch begins or ends), and, at
+the default size, into at least :data:`PROGRESS_STEPS` tasks where the job has that
+many chunks, so that its progress moves and an interrupted job keeps what it finished.
 A group's task reads its region of each input in one piece, launches the
 kernel once over it, and stores every chunk of it in every output, recording
 each chunk in the ledger on its own, so that a resumed job still goes chunk by
@@ -170,9 +170,10 @@ setting), False (no grouping) or a size, e.g. "64 MiB"
 def plan_layout(shape, chunksize, dtypes, group, cluster) -> Layout:
     """The tasks of a job over ``shape`` stored in ``chunksize``: groups of neighbouring
     chunks that need about :func:`~daskgpu._dask.launch_layout.launch_bytes` of device
-    memory each, as ``map_kernel`` groups them, at least :data:`PROGRESS_STEPS` of them
-    (and one per GPU thread) where the chunks allow, or one chunk a task where the chunks
-    are not far smaller than that or ``group`` is False.
+    memory each, as ``map_kernel`` groups them, or one chunk a task where the chunks are
+    not far smaller than that or ``group`` is False. The default size leaves at least
+    :data:`PROGRESS_STEPS` tasks (and one per GPU thread) where the chunks allow; a size
+    given is taken as asked.
 
     ``dtypes`` are those of every input and output: what a launch holds per element.
     ``cluster`` is what the workers offer
@@ -184,18 +185,20 @@ def plan_layout(shape, chunksize, dtypes, group, cluster) -> Layout:
     >>> f4 = np.dtype("float32")
     >>> plan_layout((1 << 24,), (1024,), [f4, f4], "1 MiB", ClusterFacts()).per_task
     (128,)
-    >>> plan_layout((40 * 1024,), (1024,), [f4, f4], "1 MiB", ClusterFacts()).per_task
+    >>> plan_layout((40 * 1024,), (1024,), [f4, f4], None, ClusterFacts()).per_task
     (2,)
+    >>> plan_layout((40 * 1024,), (1024,), [f4, f4], "1 MiB", ClusterFacts()).per_task
+    (40,)
     >>> plan_layout((1 << 20,), (1024,), [f4, f4], False, ClusterFacts()).per_task
     (1,)
     """
-    from daskgpu._dask.launch_layout import group_chunks, launch_bytes
+    from daskgpu._dask.launch_layout import group_chunks, launch_bytes, least_groups
 
     ones = (1,) * len(shape)
     per_element = sum(np.dtype(d).itemsize for d in dtypes)
     stored = tuple(_runs(s, c) for s, c in zip(shape, chunksize))
     grouped = group_chunks(stored, per_element, launch_bytes(group, cluster),
-                           min_groups=max(PROGRESS_STEPS, cluster.threads))
+                           min_groups=least_groups(group, max(PROGRESS_STEPS, cluster.threads)))
     if grouped is None:
         return Layout(tuple(shape), tuple(chunksize), ones)
     # Regular chunks make regular groups: the first of each axis gives the count.

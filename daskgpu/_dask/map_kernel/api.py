@@ -144,18 +144,24 @@ def map_kernel(kernel, *args, depth=None, boundary=None, tpb=0, name=None, grid_
         device memory merges neighbouring chunks, never splitting one, into
         groups that need about that much, and launches once per group: Dask
         runs a few thousand tasks a second at best, and a launch over a small
-        chunk leaves the GPU idle. The outputs then have the grouped chunks;
-        results are the same where, as ``da.map_overlap`` asks, an element's
-        result does not depend on where its chunk begins or ends (a kernel
-        that scans or normalises within its chunk needs ``group=False``: it
-        sees a group as one chunk). Not done with ``chunks=``, or with a per-chunk
+        chunk leaves the GPU idle. The outputs then have the grouped chunks.
+        None (the default): grouped only where daskgpu can show, from the
+        kernel's code, that its results cannot depend on where a launch begins
+        or ends (every use of the thread's position indexes a mapped array
+        there, checks it against such an array's extent, adds it to
+        ``dg.offset``, or reads within the halo); otherwise one launch per
+        chunk, with a ``PerformanceWarning`` saying why where grouping would
+        have cut the launches fourfold. At this default size a cluster's GPU
+        threads each get a group where the map has that many chunks. True:
+        group any kernel at the setting's size; False: one launch per chunk; a
+        size (bytes, or a string such as ``"64 MiB"``): group any kernel at
+        that size, as asked. Not done with ``chunks=``, or with a per-chunk
         output that keeps one element per launch (no ``combine=`` over every
-        mapped axis). None or True: the setting; False: no grouping; a size
-        (bytes, or a string such as ``"64 MiB"``): that target. An input read
-        by ``da.from_array`` or ``da.from_zarr``, with nothing between, reads
-        the larger pieces itself (on both of Dask's graph layers): one task per
-        launch. Any other input is joined by a task per group before its
-        launch, its chunks' own tasks left as they are.
+        mapped axis). An input read by ``da.from_array`` or ``da.from_zarr``,
+        with nothing between, reads the larger pieces itself (on both of
+        Dask's graph layers): one task per launch. Any other input is joined
+        by a task per group before its launch, its chunks' own tasks left as
+        they are.
 
     Returns
     -------

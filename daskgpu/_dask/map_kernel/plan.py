@@ -23,6 +23,7 @@ from daskgpu._dask.launch_layout import (
     group_chunks,
     grouping_hazards,
     launch_bytes,
+    least_groups,
 )
 from daskgpu._dask.map_kernel.arg_kinds import Planned, check_extras, classify
 from daskgpu._dask.map_kernel.arguments import Out, mapped_rank
@@ -329,7 +330,7 @@ def _grouping(kernel_name, hazards, params, arrays, chunks, group, cluster):
     """
     per_element, fixed = launch_footprint(params, arrays)
     grouped = group_chunks(chunks, per_element, launch_bytes(group, cluster), fixed=fixed,
-                           min_groups=max(1, cluster.threads))
+                           min_groups=least_groups(group, cluster.threads))
     if grouped is None or group is not None or not hazards:
         return grouped
     launches, groups = math.prod(len(c) for c in chunks), math.prod(len(g) for g in grouped)
