@@ -9,9 +9,8 @@ import dask.array as da
 import numpy as np
 import pytest
 from distributed import Client, get_task_stream, wait
-from kit.kernels import double
+from kit.kernels import double, uniform
 from numba import cuda
-from numba.cuda.random import xoroshiro128p_uniform_float32
 
 import daskgpu as dg
 from daskgpu._dask.launch_core.resources import GPU_MEMORY
@@ -172,13 +171,6 @@ def test_a_launch_whose_input_is_made_within_its_fused_task_asks_as_for_a_pendin
                                       2 * np.arange(n, dtype=np.float32))
     (fused,) = [k for k in graph if k != launch.key]
     assert _asked(client, [fused]) == {fused: OFFER}
-
-
-@dg.jit
-def uniform(out, states):
-    i = cuda.grid(1)
-    if i < out.size:
-        out[i] = xoroshiro128p_uniform_float32(states, i)
 
 
 def test_random_states_are_counted_16_bytes_an_element(client):

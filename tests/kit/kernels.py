@@ -14,6 +14,7 @@ A kernel a command runs from a file of its own exists here as source too
 """
 
 from numba import cuda
+from numba.cuda.random import xoroshiro128p_uniform_float32
 
 import daskgpu as dg
 
@@ -175,6 +176,22 @@ def life(out, board):
             out[i, j] = 0
     elif i < n and j < m:
         out[i, j] = board[i, j]
+
+@dg.jit
+def hist(counts, x):
+    """An 8-bin histogram of ``x`` (integers), counted atomically into ``counts``."""
+    i = cuda.grid(1)
+    if i < x.size:
+        cuda.atomic.add(counts, x[i] % 8, 1)
+
+
+@dg.jit
+def uniform(out, states):
+    """``out[i]``: a uniform float32 drawn from random state ``i``."""
+    i = cuda.grid(1)
+    if i < out.size:
+        out[i] = xoroshiro128p_uniform_float32(states, i)
+
 
 # -- kernels whose results depend on where their launch begins or ends -------------
 # map_kernel launches them once per chunk by default: grouping chunks would change them.

@@ -17,7 +17,7 @@ from dask._task_spec import TaskRef
 from numba import cuda
 
 import daskgpu as dg
-from daskgpu._dask.launch_core.task import run_chunk
+from daskgpu._dask.launch_core.task import ChunkPlace, run_chunk
 from daskgpu._dask.map_kernel import chunk_task
 from daskgpu._errors import ConfigError
 from daskgpu._runtime import backends
@@ -106,15 +106,16 @@ def test_chunks_of_one_shape_share_a_key_and_anything_else_differs(simulate):
     xn = np.random.default_rng(1).random(40, dtype=np.float32)
     x = da.from_array(xn, chunks=16)  # 16, 16 and 8
     fused = _fused(_chain(step, x, SCALARS))
-    place = ((0,), (16,), (0,))
+    place = ChunkPlace((0,), (16,), (0,))
 
     def key(first=xn[:16], scalars=SCALARS, place=place):
         return fused.graph_key((first, *scalars), place)
 
     base = key()
     assert base is not None and hash(base) is not None
-    assert key(xn[16:32].copy(), place=((1,), (16,), (16,))) == base  # another chunk, same shape
-    assert key(xn[32:], place=((2,), (8,), (32,))) != base  # the edge chunk's shape
+    # another chunk, same shape
+    assert key(xn[16:32].copy(), place=ChunkPlace((1,), (16,), (16,))) == base
+    assert key(xn[32:], place=ChunkPlace((2,), (8,), (32,))) != base  # the edge chunk's shape
     assert key(xn[:16].astype(np.float64)) != base  # another dtype
     assert key(xn[:32:2]) != base  # not contiguous: staged from a contiguous copy
     assert key(scalars=(np.float32(9),) + SCALARS[1:]) != base  # another number
@@ -157,7 +158,7 @@ def test_chains_a_graph_cannot_hold_have_no_key(simulate):
     step, shift = _kernels()
     xn = np.arange(32, dtype=np.float32)
     x = da.from_array(xn, chunks=16)
-    place = ((0,), (16,), (0,))
+    place = ChunkPlace((0,), (16,), (0,))
     with_offset = dg.map_kernel(shift, dg.Out(np.float32, like=x),
                                 _chain(step, x, SCALARS[:3]), dg.offset)
     fused = _fused(with_offset)
@@ -254,9 +255,9 @@ def test_a_second_chunk_of_a_shape_captures_and_later_ones_reuse_the_graph(on_gp
     results = []
     for k in range(5):
         chunk = xn[64 * k:64 * (k + 1)]
-        results.append(fused(chunk, *SCALARS, ((k,), (64,), (64 * k,))))
+        results.append(fused(chunk, *SCALARS, ChunkPlace((k,), (64,), (64 * k,))))
         assert on_gpu.captures - before == (0 if k == 0 else 1)
-    key = fused.graph_key((xn[:64], *SCALARS), ((0,), (64,), (0,)))
+    key = fused.graph_key((xn[:64], *SCALARS), ChunkPlace((0,), (64,), (0,)))
     graph = on_gpu.entry(key, 0)
     assert isinstance(graph, graphs.ChainGraph) and graph.launches == 4  # chunks 1 to 4
     for k, got in enumerate(results):
@@ -269,7 +270,7 @@ def test_new_host_arrays_each_chunk_give_their_own_results(on_gpu):
     rng = np.random.default_rng(4)
     x = da.from_array(rng.random((16, 16), dtype=np.float32), chunks=8)
     fused = _fused(_chain(step, x, SCALARS))
-    place = ((0, 0), (8, 8), (0, 0))
+    place = ChunkPlace((0, 0), (8, 8), (0, 0))
     with dask.config.set({"daskgpu.chain-graphs": 0}):
         def apart(chunk):
             return fused(chunk, *SCALARS, place)

@@ -9,11 +9,10 @@ import dask
 import dask.array as da
 import numpy as np
 import pytest
-from kit.kernels import saxpy, smooth
+from kit.kernels import hist, saxpy, smooth, uniform
 from kit.kernels import scale_lazy as scale
 from layers import EXPRESSIONS, hlg_only
 from numba import cuda
-from numba.cuda.random import xoroshiro128p_uniform_float32
 
 import daskgpu as dg
 from daskgpu._dask.launch_core.walk import runs_launch
@@ -34,20 +33,6 @@ def where_am_i_2d(out, r0, c0):
     i, j = cuda.grid(2)
     if i < out.shape[0] and j < out.shape[1]:
         out[i, j] = (r0 + i) * 1000 + c0 + j
-
-
-@dg.jit
-def hist(counts, x):
-    i = cuda.grid(1)
-    if i < x.size:
-        cuda.atomic.add(counts, x[i] % 8, 1)
-
-
-@dg.jit
-def uniform(out, states):
-    i = cuda.grid(1)
-    if i < out.size:
-        out[i] = xoroshiro128p_uniform_float32(states, i)
 
 
 def _launches(arr) -> int:

@@ -9,10 +9,9 @@ import dask.array as da
 import numpy as np
 import pytest
 from dask.array.core import PerformanceWarning
-from kit.kernels import chunk_cumsum, chunk_index, minus_first, saxpy, smooth
+from kit.kernels import chunk_cumsum, chunk_index, hist, minus_first, saxpy, smooth, uniform
 from layers import EXPRESSIONS
 from numba import cuda
-from numba.cuda.random import xoroshiro128p_uniform_float32
 
 import daskgpu as dg
 from daskgpu._dask.launch_layout import group_chunks, launch_bytes
@@ -28,20 +27,6 @@ def where_am_i(out, start):
     i = cuda.grid(1)
     if i < out.size:
         out[i] = start + i
-
-
-@dg.jit
-def hist(counts, x):
-    i = cuda.grid(1)
-    if i < x.size:
-        cuda.atomic.add(counts, x[i] % 8, 1)
-
-
-@dg.jit
-def uniform(out, states):
-    i = cuda.grid(1)
-    if i < out.size:
-        out[i] = xoroshiro128p_uniform_float32(states, i)
 
 
 @dg.jit
