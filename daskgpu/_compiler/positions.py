@@ -34,6 +34,13 @@ from numba.cuda import types
 from numba.cuda.core import ir
 
 from daskgpu._compiler.analysis import grid_call, writes_first_argument
+from daskgpu._compiler.position_kinds import (
+    combinations,
+    combined,
+    index_items,
+    is_int,
+    widened,
+)
 from daskgpu._image.position_uses import COUNT_MAX
 
 # CUDA's own coordinates: the block and the thread within it move with a launch's start.
@@ -97,7 +104,7 @@ class _Walk:
     ``("range", axis)`` / ``("iter", axis)`` / ``("pair", axis)`` a grid-stride loop,
     ``("const", v)`` an integer constant, ``("tuple", items)`` a built tuple,
     ``("guard",)`` a comparison, ``("int",)`` and ``("top",)`` what a loop widened (see
-    :func:`_widened`). A variable of none of them is plain data.
+    :func:`~daskgpu._compiler.position_kinds.widened`). A variable of none of them is plain data.
     """
 
     def __init__(self, type_annotation, param_kinds, depth=0):
@@ -123,7 +130,7 @@ class _Walk:
             for block in self.ta.blocks.values():
                 for stmt in block.body:
                     if isinstance(stmt, ir.Assign):
-                        new = _widened(
+                        new = widened(
                             self.kinds.get(stmt.target.name, frozenset()) | self._assigned(stmt))
                         if new != self.kinds.get(stmt.target.name, frozenset()):
                             self.kinds[stmt.target.name] = new
@@ -143,7 +150,7 @@ class _Walk:
             loc = self._loc
             # A count past what a record holds (``i < 1 << 40``) tells apart as many
             # elements as any launch has.
-            record = tuple(max(-COUNT_MAX, min(COUNT_MAX, f)) if _is_int(f) else f
+            record = tuple(max(-COUNT_MAX, min(COUNT_MAX, f)) if is_int(f) else f
                            for f in record)
             self.uses.add(record + (f"{loc.filename}:{loc.line}" if loc is not None else "?",))
 
@@ -159,7 +166,7 @@ class _Walk:
             if getattr(v, "__module__", None) == "numba.cuda.stubs" and \
                     getattr(v, "__name__", None) in _COORDINATES:  # from numba.cuda import ...
                 return frozenset({("dim3", v.__name__)})
-            return frozenset({("const", v)}) if _is_int(v) else frozenset()
+            return frozenset({("const", v)}) if is_int(v) else frozenset()
         if isinstance(value, ir.Var):
             return self.of(value)
         if isinstance(value, ir.Expr):
@@ -269,10 +276,10 @@ class _Walk:
         out = set()
         for a in self.of(lhs) or {None}:
             for b in self.of(rhs) or {None}:
-                combined = _combined(fn, a, b)
-                if combined is not None:
-                    if combined[0] != "lin" or combined[1]:
-                        out.add(combined)
+                kind = combined(fn, a, b)
+                if kind is not None:
+                    if kind[0] != "lin" or kind[1]:
+                        out.add(kind)
                     continue
                 for k in (a, b):
                     if k is not None and k[0] != "const":
@@ -339,18 +346,18 @@ class _Walk:
     def _getitem(self, var, index, static) -> frozenset:
         kinds = self.of(var)
         out = set()
-        index_kinds = frozenset({("const", index)}) if static and _is_int(index) else (
+        index_kinds = frozenset({("const", index)}) if static and is_int(index) else (
             self.of(index) if isinstance(index, ir.Var) else frozenset())
         for k in kinds:
             if k[0] == "arr":
                 self._indexed(k[1], index_kinds)
-            elif k[0] == "shape" and static and _is_int(index):
+            elif k[0] == "shape" and static and is_int(index):
                 out.add(("ext", k[1], index, 0))
-            elif k[0] == "grid" and static and _is_int(index):
+            elif k[0] == "grid" and static and is_int(index):
                 out.add(("pos", index, 0))
-            elif k[0] == "gsizes" and static and _is_int(index):
+            elif k[0] == "gsizes" and static and is_int(index):
                 out.add(("gsize", index))
-            elif k[0] == "tuple" and static and _is_int(index) and index < len(k[1]):
+            elif k[0] == "tuple" and static and is_int(index) and index < len(k[1]):
                 out.update(k[1][index])
             else:
                 self._plain_kind(k)
@@ -364,11 +371,11 @@ class _Walk:
             self.use("fixed", p)
             return
         for ik in index_kinds:
-            items = _index_items(ik)
+            items = index_items(ik)
             if items is None:
                 self.use("fixed", p)
                 continue
-            for combo in _combinations(items):
+            for combo in combinations(items):
                 if not all(kk is not None and kk[0] == "pos" for kk in combo):
                     self.use("fixed", p)
                     for kk in combo:
@@ -463,106 +470,6 @@ class _Walk:
         else:
             for v in stmt.list_vars():
                 self.plain(v)
-
-
-#: The most integer constants, and the most other kinds, a variable keeps before they
-#: widen to ``("int",)`` (an integer of no known value: plain data) and ``("top",)`` (a
-#: value made from the position in a way not followed). A loop that adds to a counter or
-#: a position (``k += 1``, ``i += 1``) makes a new kind each time round; widening, and
-#: each widened kind absorbing what it stands for, is what lets the walk end.
-_MAX_KINDS = 16
-_KEPT = ("arr", "sarg", "shape", "dim3")
-
-
-def _widened(kinds: frozenset) -> frozenset:
-    """``kinds``, with its constants or its other kinds widened where they are too many."""
-    consts = [k for k in kinds if k[0] in ("const", "int")]
-    others = [k for k in kinds if k[0] not in _KEPT and k[0] not in ("const", "int")]
-    if ("int",) not in kinds and len(consts) <= _MAX_KINDS and \
-            ("top",) not in kinds and len(others) <= _MAX_KINDS:
-        return kinds
-    out = {k for k in kinds if k[0] in _KEPT}
-    if ("int",) in kinds or len(consts) > _MAX_KINDS:
-        out.add(("int",))
-    else:
-        out.update(consts)
-    if ("top",) in kinds or len(others) > _MAX_KINDS:
-        out.add(("top",))
-    else:
-        out.update(others)
-    return frozenset(out)
-
-
-def _combined(fn, a, b):
-    """``a + b``, ``a - b`` or ``a * b`` as a kind where it keeps one: a position or an
-    extent shifted by a constant, constants folded, or a weighted sum (``("lin",
-    terms)``) of positions and number parameters; None where the operation uses its
-    operands as plain values."""
-    if fn is not operator.mul:
-        sign = 1 if fn is operator.add else -1
-        if sign > 0 and a is not None and b is not None and {a[0], b[0]} == {
-                "start", "threadIdx"} and a[1] == b[1]:
-            return ("pos", a[1], 0)  # blockIdx.x * blockDim.x + threadIdx.x, as cuda.grid(1)
-        if a is not None and b is not None:
-            if a[0] in ("pos", "ext") and b[0] == "const":
-                return a[:-1] + (a[-1] + sign * b[1],)
-            if sign > 0 and b[0] in ("pos", "ext") and a[0] == "const":
-                return b[:-1] + (b[-1] + a[1],)
-            if a[0] == "const" and b[0] == "const":
-                return ("const", a[1] + sign * b[1])
-        la, lb = _linear(a), _linear(b)
-        if la is None or lb is None:
-            return None
-        terms = dict(la)
-        for sym, w in lb.items():
-            terms[sym] = terms.get(sym, 0) + sign * w
-        return ("lin", tuple(sorted((s, w) for s, w in terms.items() if w)))
-    if a is not None and b is not None and a[0] == "const" and b[0] == "const":
-        return ("const", a[1] * b[1])
-    if a is not None and b is not None and {a[0], b[0]} == {"blockIdx", "blockDim"} \
-            and a[1] == b[1]:
-        return ("start", a[1])  # the first thread of this block along an axis
-    for k, factor in ((a, b), (b, a)):
-        if factor is not None and factor[0] == "const" and _linear(k):
-            return ("lin", tuple(sorted((s, w * factor[1]) for s, w in _linear(k).items()
-                                        if w * factor[1])))
-    return None
-
-
-def _linear(kind):
-    """``kind`` as weighted terms of positions and number parameters (empty for plain
-    data and constants); None for a kind that is no such sum."""
-    if kind is None or kind[0] == "const":
-        return {}
-    if kind[0] == "pos":
-        return {("pos", kind[1]): 1}
-    if kind[0] == "sarg":
-        return {("sarg", kind[1]): 1}
-    if kind[0] == "lin":
-        return dict(kind[1])
-    return None
-
-
-def _index_items(kind):
-    """The index kinds per axis of an index value: a tuple of kind-sets, None if unknown."""
-    if kind[0] == "pos":
-        return (frozenset({kind}),)
-    if kind[0] == "grid":
-        return tuple(frozenset({("pos", a, 0)}) for a in range(kind[1]))
-    if kind[0] == "tuple":
-        return kind[1]
-    return None
-
-
-def _combinations(items):
-    combos = [()]
-    for item in items:
-        combos = [c + (k,) for c in combos for k in (item or {None})]
-    return combos
-
-
-def _is_int(v) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
 
 
 def _is_cuda_module(typ) -> bool:

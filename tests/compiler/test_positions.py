@@ -86,3 +86,15 @@ def test_a_comparison_with_a_count_past_what_a_record_holds_is_kept_at_its_bound
     uses = _uses(spins_below_a_huge_count, (types.int64[::1],))
     assert ("first", 0, COUNT_MAX) in uses
     assert check_uses([u + ("k.py:1",) for u in uses], nargs=1)
+
+
+def test_widening_keeps_structure_and_absorbs_what_it_stands_for():
+    from daskgpu._compiler.position_kinds import MAX_KINDS, widened
+
+    counters = frozenset({("const", k) for k in range(MAX_KINDS + 1)} | {("arr", 0)})
+    assert widened(counters) == {("int",), ("arr", 0)}
+    # Once widened, a kind absorbs the constants a loop adds next: the set only grows.
+    assert widened(frozenset({("int",), ("const", 99)})) == {("int",)}
+    positions = frozenset({("pos", 0, c) for c in range(MAX_KINDS + 1)})
+    assert widened(positions) == {("top",)}
+    assert widened(frozenset({("top",), ("pos", 0, 1), ("const", 1)})) == {("top",), ("const", 1)}
