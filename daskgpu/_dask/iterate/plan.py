@@ -28,8 +28,8 @@ from daskgpu._dask.map_kernel.chunk_params import (
 from daskgpu._dask.map_kernel.plan import MapPlan
 
 __all__ = ["IteratePlan", "PCIE_PASSES", "TASK_BYTES", "block_lengths", "check_block",
-           "check_params", "check_steps", "default_block_steps", "feeds_of", "fills_of",
-           "state_dtypes", "takes_position"]
+           "check_params", "check_steps", "default_block_steps", "exchange_tasks", "feeds_of",
+           "fills_of", "state_dtypes", "takes_position"]
 
 #: A chunk's copy over PCIe, one way, costs about as long as this many passes over the
 #: same bytes in the GPU's own memory (the ratio of the two bandwidths).
@@ -38,6 +38,21 @@ PCIE_PASSES = 28
 #: About as many bytes as a GPU streams through its memory in the time Dask spends on
 #: one task: the per-task cost, in the units of a step.
 TASK_BYTES = 300e6
+
+
+def exchange_tasks(depth: tuple) -> int:
+    """The tasks a block costs per chunk: its launch, and the halo exchange that
+    ``map_overlap``'s graph makes before it, a slice of each neighbour along the axes
+    with a halo and the task that joins them (``3 ** axes + 1`` in all; a chunk on
+    the array's edge has fewer neighbours).
+
+    Examples
+    --------
+    >>> [exchange_tasks(d) for d in ((1,), (1, 1), (0, 2, 2), (0,))]
+    [4, 10, 10, 1]
+    """
+    axes = sum(1 for d in depth if d)
+    return 3 ** axes + 1 if axes else 1
 
 
 @dataclass(frozen=True, eq=False)
@@ -202,9 +217,10 @@ def default_block_steps(steps: int, chunks: tuple, depth: tuple, itemsize: int,
                         on_device: bool) -> int:
     """The steps a task runs by default: those that make a step cheapest on average.
 
-    A block of ``k`` steps pays, once, the costs of a task (Dask's per-task
-    cost, :data:`TASK_BYTES`, and for host chunks their copies to the GPU and
-    back, :data:`PCIE_PASSES` each); and each of its steps computes its chunk
+    A block of ``k`` steps pays, once, the costs of its tasks (Dask's per-task
+    cost, :data:`TASK_BYTES`, for each of :func:`exchange_tasks`, and for host
+    chunks their copies to the GPU and back, :data:`PCIE_PASSES` each); and each
+    of its steps computes its chunk
     extended by ``k * depth`` cells per side. Per step, in units of one step
     over the chunk (which reads it and writes it: two passes), that is
     ``R / k + prod(1 + 2 * k * depth / chunk)`` over the axes, with ``R`` the
@@ -215,9 +231,9 @@ def default_block_steps(steps: int, chunks: tuple, depth: tuple, itemsize: int,
     Examples
     --------
     >>> default_block_steps(1000, ((2048,) * 4, (2048,) * 4), (1, 1), 4, on_device=False)
-    130
+    222
     >>> default_block_steps(1000, ((2048,) * 4, (2048,) * 4), (1, 1), 4, on_device=True)
-    66
+    196
     >>> default_block_steps(7, ((8, 8),), (1,), 4, on_device=False)
     7
     >>> default_block_steps(10, ((100,),), (0,), 8, on_device=False)  # no halo: one task
@@ -235,7 +251,8 @@ def default_block_steps(steps: int, chunks: tuple, depth: tuple, itemsize: int,
         return cap
     passes = 2  # a step reads the chunk and writes its next state
     chunk_bytes = max(1, math.prod(smallest) * itemsize)
-    per_task = TASK_BYTES / chunk_bytes + (0 if on_device else 2 * PCIE_PASSES)
+    per_task = (exchange_tasks(depth) * TASK_BYTES / chunk_bytes
+                + (0 if on_device else 2 * PCIE_PASSES))
     ratio = per_task / passes
 
     def cost(k):
