@@ -107,12 +107,16 @@ class _Walk:
     :func:`~daskgpu._compiler.position_kinds.widened`). A variable of none of them is plain data.
     """
 
-    def __init__(self, type_annotation, param_kinds, depth=0):
+    def __init__(self, type_annotation, param_kinds, depth=0, called=None):
         self.ta = type_annotation
         self.typemap = type_annotation.typemap
         self.calltypes = type_annotation.calltypes
         self.param_kinds = param_kinds
         self.depth = depth
+        # Device functions walked, by their typed function and the kinds passed in:
+        # the outer walk asks again on each of its passes, and nested calls would
+        # multiply those passes, level by level.
+        self.called = {} if called is None else called
         self.kinds: dict[str, frozenset] = {}
         self.uses: set = set()
         self.returns: frozenset = frozenset()
@@ -418,11 +422,16 @@ class _Walk:
             cres = dispatcher.overloads.get(tuple(sig.args)) if sig is not None else None
             ta = getattr(cres, "type_annotation", None)
             if ta is not None:
-                inner = _Walk(ta, {i: self.of(a) for i, a in enumerate(args)}, self.depth + 1)
-                inner.run()
+                kinds = tuple(self.of(a) for a in args)
+                key = (id(ta), kinds)
+                if key not in self.called:
+                    inner = _Walk(ta, dict(enumerate(kinds)), self.depth + 1, self.called)
+                    inner.run()
+                    self.called[key] = (ta, frozenset(inner.uses), inner.returns)
+                _, uses, returns = self.called[key]
                 if self._recording:
-                    self.uses |= inner.uses
-                return inner.returns
+                    self.uses |= uses
+                return returns
         if isinstance(fn_type, types.Function) and _reads_only(fn_type):
             for a in args:
                 self.plain(a)

@@ -98,3 +98,43 @@ def test_widening_keeps_structure_and_absorbs_what_it_stands_for():
     positions = frozenset({("pos", 0, c) for c in range(MAX_KINDS + 1)})
     assert widened(positions) == {("top",)}
     assert widened(frozenset({("top",), ("pos", 0, 1), ("const", 1)})) == {("top",), ("const", 1)}
+
+
+def _calling(call):
+    """A device function that calls ``call`` twice in a loop."""
+    @cuda.jit(device=True)
+    def level(x, i):
+        acc = 0.0
+        k = 0
+        while k < 2:
+            acc += call(x, i)
+            k += 1
+        return acc
+    return level
+
+
+def _nested(levels):
+    """A kernel calling ``levels`` nested device functions, each calling the next inside
+    a loop, the innermost reading ``x`` at the position."""
+    @cuda.jit(device=True)
+    def read(x, i):
+        return x[i]
+
+    call = read
+    for _ in range(levels):
+        call = _calling(call)
+
+    def kernel(out, x):
+        i = cuda.grid(1)
+        if i < out.size:
+            out[i] = call(x, i)
+    return kernel
+
+
+def test_nested_device_functions_are_walked_once_each_not_once_per_pass():
+    # Each level's loop takes the walk several passes; walking a call again on every
+    # pass of its caller multiplied them level by level.
+    started = time.perf_counter()
+    uses = _uses(_nested(8), (F32, F32))
+    assert time.perf_counter() - started < 60
+    assert ("at", 1, 1, 0, 0, 0) in uses and "never" not in _kinds(uses), uses
