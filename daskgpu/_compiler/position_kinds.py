@@ -21,17 +21,17 @@ __all__ = ["MAX_KINDS", "combinations", "combined", "index_items", "is_int", "li
 #: a position (``k += 1``, ``i += 1``) makes a new kind each time round; widening, and
 #: each widened kind absorbing what it stands for, is what lets the walk end.
 MAX_KINDS = 16
-KEPT = ("arr", "sarg", "shape", "dim3")
+_KEPT = ("arr", "sarg", "shape", "dim3")
 
 
 def widened(kinds: frozenset) -> frozenset:
     """``kinds``, with its constants or its other kinds widened where they are too many."""
     consts = [k for k in kinds if k[0] in ("const", "int")]
-    others = [k for k in kinds if k[0] not in KEPT and k[0] not in ("const", "int")]
+    others = [k for k in kinds if k[0] not in _KEPT and k[0] not in ("const", "int")]
     if ("int",) not in kinds and len(consts) <= MAX_KINDS and \
             ("top",) not in kinds and len(others) <= MAX_KINDS:
         return kinds
-    out = {k for k in kinds if k[0] in KEPT}
+    out = {k for k in kinds if k[0] in _KEPT}
     if ("int",) in kinds or len(consts) > MAX_KINDS:
         out.add(("int",))
     else:
