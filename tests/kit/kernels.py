@@ -193,6 +193,14 @@ def uniform(out, states):
         out[i] = xoroshiro128p_uniform_float32(states, i)
 
 
+@dg.jit
+def where_am_i(out, start):
+    """``out[i] = start + i``: each element's global index, given ``dg.offset``."""
+    i = cuda.grid(1)
+    if i < out.size:
+        out[i] = start + i
+
+
 # -- kernels whose results depend on where their launch begins or ends -------------
 # map_kernel launches them once per chunk by default: grouping chunks would change them.
 

@@ -9,7 +9,7 @@ import dask
 import dask.array as da
 import numpy as np
 import pytest
-from kit.kernels import hist, saxpy, smooth, uniform
+from kit.kernels import hist, saxpy, smooth, uniform, where_am_i
 from kit.kernels import scale_lazy as scale
 from layers import EXPRESSIONS, hlg_only
 from numba import cuda
@@ -19,13 +19,6 @@ from daskgpu._dask.launch_core.walk import runs_launch
 from daskgpu._dask.launch_layout import group_chunks
 
 pytestmark = pytest.mark.grouped
-
-
-@dg.jit
-def where_am_i(out, start):
-    i = cuda.grid(1)
-    if i < out.size:
-        out[i] = start + i
 
 
 @dg.jit

@@ -9,7 +9,16 @@ import dask.array as da
 import numpy as np
 import pytest
 from dask.array.core import PerformanceWarning
-from kit.kernels import chunk_cumsum, chunk_index, hist, minus_first, saxpy, smooth, uniform
+from kit.kernels import (
+    chunk_cumsum,
+    chunk_index,
+    hist,
+    minus_first,
+    saxpy,
+    smooth,
+    uniform,
+    where_am_i,
+)
 from layers import EXPRESSIONS
 from numba import cuda
 
@@ -20,13 +29,6 @@ from daskgpu._dask.map_kernel.chunk_task import ChunkLaunch
 from daskgpu._dask.map_kernel.plan import launch_footprint, plan_map
 
 pytestmark = pytest.mark.grouped  # the default daskgpu.launch-bytes
-
-
-@dg.jit
-def where_am_i(out, start):
-    i = cuda.grid(1)
-    if i < out.size:
-        out[i] = start + i
 
 
 @dg.jit
