@@ -97,10 +97,11 @@ def least_groups(group, spread: int) -> int:
     return max(1, spread) if group_target(group) is None else 1
 
 
-def launch_bytes(group, cluster) -> int:
+def launch_bytes(group, cluster, default: int | None = None) -> int:
     """The device memory a grouped launch should cover: ``group`` (see
     :func:`check_group`), at most a quarter of the GPU memory a worker offers, so that
-    grouped launches still share a GPU.
+    grouped launches still share a GPU. ``default`` is the size that ``group`` None or
+    True stands for (None: the ``daskgpu.launch-bytes`` setting).
 
     Examples
     --------
@@ -109,12 +110,14 @@ def launch_bytes(group, cluster) -> int:
     (8388608, 0)
     >>> launch_bytes(None, ClusterFacts(gpu_memory=2**24)) == 2**22
     True
+    >>> launch_bytes(True, ClusterFacts(), default=2**30) == 2**30
+    True
     """
     from daskgpu import _config
 
     target = group_target(group)
     if target is None:
-        target = _config.get("launch-bytes")
+        target = _config.get("launch-bytes") if default is None else default
     if cluster.gpu_memory:
         target = min(target, cluster.gpu_memory // 4)
     return int(target)

@@ -25,7 +25,7 @@ __all__ = ["iterate"]
 def iterate(kernel: Any, *args: Any, steps: int, depth: Any = None, boundary: Any = None,
             state: dict | None = None, block_steps: int | None = None, tpb: int = 0,
             name: str | None = None, token: str | None = None, grid_ndim: int | None = None,
-            timeout: float | None = None) -> Any:
+            timeout: float | None = None, group: Any = None) -> Any:
     """Run ``kernel`` for ``steps`` steps over dask arrays, each step's outputs the next
     step's inputs; return the final states lazily.
 
@@ -33,8 +33,16 @@ def iterate(kernel: Any, *args: Any, steps: int, depth: Any = None, boundary: An
     computes. ``iterate`` runs a block of steps in each task, back to back on the
     GPU, with a halo as deep as the block needs, so that Dask exchanges halos
     once per block and its graph holds one layer of tasks per block, not per
-    step. Results equal a loop of single steps that fills the boundary before
-    every step.
+    step. Neighbouring chunks are merged into larger ones, as ``map_kernel``
+    groups them, so that fewer halos are exchanged and computed twice. Results
+    equal a loop of single steps that fills the boundary before every step.
+
+    Blocks and groups are exact only for a kernel whose results do not depend
+    on where its chunk begins or ends (a stencil that reads its neighbours
+    within ``depth``, with ``dg.offset`` for global coordinates). daskgpu
+    reads that from the compiled kernel, as ``map_kernel`` does before it
+    groups; where it cannot show it, each task runs one step over the chunks
+    as given, and a ``PerformanceWarning`` says why and how to block anyway.
 
     Parameters
     ----------
@@ -74,8 +82,18 @@ def iterate(kernel: Any, *args: Any, steps: int, depth: Any = None, boundary: An
     block_steps : int, optional
         Steps per task. None: the number that makes a step cheapest, from the
         chunks' size, the halo and Dask's per-task cost (see the guide's "Time
-        steps"), at most what the smallest chunk holds as a halo. Where
-        ``steps`` is no multiple of it, the last block is shorter.
+        steps"), at most what the smallest chunk holds as a halo; one step
+        where the kernel may depend on where its chunk begins. Where
+        ``steps`` is no multiple of it, the last block is shorter. A number is
+        taken as given.
+    group : bool or str or int, optional
+        How chunks are merged, as ``map_kernel``'s ``group=``: None (the
+        default) merges neighbouring chunks into groups of up to 1 GiB on the
+        device (a quarter of a GPU's memory at most, a group per GPU at
+        least) where the kernel cannot tell where its chunk begins; True
+        merges (and blocks) whatever the kernel; a size merges into groups of
+        that size; False keeps the chunks as given. The final states come in
+        the chunks the steps ran on.
     tpb, name, token, grid_ndim, timeout
         As for :func:`~daskgpu.map_kernel`. ``name=`` is the key name of the last
         block's launches (the final states are trimmed from them, as a map's
@@ -138,8 +156,9 @@ def iterate(kernel: Any, *args: Any, steps: int, depth: Any = None, boundary: An
     steps, block_steps = planning.check_steps(steps, block_steps)
     layer = graph_layer()
     mp = plan_map(kernel, args, depth=depth, boundary=boundary, tpb=tpb, name=name,
-                  grid_ndim=grid_ndim, token=token, timeout=timeout, group=False,
-                  layer=layer)
+                  grid_ndim=grid_ndim, token=token, timeout=timeout, group=group,
+                  layer=layer, group_bytes=planning.GROUP_BYTES,
+                  group_spread=planning.group_spread, layout_warning=False)
     planning.check_params(mp.kernel_name, mp.params)
     feeds = planning.feeds_of(kernel, mp.params, state)
     dtypes = planning.state_dtypes(mp, feeds)
@@ -150,12 +169,17 @@ def iterate(kernel: Any, *args: Any, steps: int, depth: Any = None, boundary: An
     halo, bounds = layer.coerce_halo(ndim, 0 if depth is None else depth, boundary)
     one = tuple(_depth(halo[ax], ax) for ax in range(ndim))
     fills = planning.fills_of(bounds, ndim) if any(one) else ()
+    # group=True or a size: the user vouches that where a chunk begins does not matter.
+    vouched = group is not None and group is not False
     if block_steps is None:
         position = planning.takes_position(mp.params) and any(
             bounds[ax] == "periodic" for ax in range(ndim))
         itemsize = sum(dt.itemsize for dt in dtypes.values())
         block = 1 if position else planning.default_block_steps(
             steps, mp.out_chunks, one, itemsize, mp.on_device)
+        if block > 1 and mp.hazards and not vouched:
+            planning.warn_single_steps(mp.kernel_name, mp.hazards, block)
+            block = 1
     else:
         block = min(block_steps, steps)
     planning.check_block(block, mp.out_chunks, one)

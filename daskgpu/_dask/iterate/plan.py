@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import operator
+import warnings
 from dataclasses import dataclass
 from numbers import Integral, Number
 
@@ -25,11 +26,12 @@ from daskgpu._dask.map_kernel.chunk_params import (
     OutParam,
     StatesParam,
 )
-from daskgpu._dask.map_kernel.plan import MapPlan
+from daskgpu._dask.map_kernel.plan import MapPlan, user_level
 
-__all__ = ["IteratePlan", "PCIE_PASSES", "TASK_BYTES", "block_lengths", "check_block",
-           "check_params", "check_steps", "default_block_steps", "exchange_tasks", "feeds_of",
-           "fills_of", "state_dtypes", "takes_position"]
+__all__ = ["GROUP_BYTES", "IteratePlan", "PCIE_PASSES", "TASK_BYTES", "block_lengths",
+           "check_block", "check_params", "check_steps", "default_block_steps",
+           "exchange_tasks", "feeds_of", "fills_of", "group_spread", "state_dtypes",
+           "takes_position", "warn_single_steps"]
 
 #: A chunk's copy over PCIe, one way, costs about as long as this many passes over the
 #: same bytes in the GPU's own memory (the ratio of the two bandwidths).
@@ -38,6 +40,28 @@ PCIE_PASSES = 28
 #: About as many bytes as a GPU streams through its memory in the time Dask spends on
 #: one task: the per-task cost, in the units of a step.
 TASK_BYTES = 300e6
+
+#: The device memory a group of merged chunks may need by default (``group=None``):
+#: more than a map's groups (``daskgpu.launch-bytes``), since every group pays a halo
+#: exchange per block and computes its halo again at each step. ``launch_bytes`` caps
+#: it at a quarter of a worker's GPU memory; :func:`group_spread` says how many
+#: groups are left at least.
+GROUP_BYTES = 1 << 30
+
+
+def group_spread(cluster) -> int:
+    """The groups an iteration's chunks are merged into at least, by default: one per
+    GPU worker (each drives one GPU), not one per thread as a map's, since a block's
+    steps keep its GPU busy and a second group on the same GPU only adds a halo to
+    exchange and compute; the threads where no worker offers a GPU (simulated).
+
+    Examples
+    --------
+    >>> from daskgpu._dask.cluster_facts import ClusterFacts
+    >>> group_spread(ClusterFacts(gpu_workers=2, threads=8)), group_spread(ClusterFacts(threads=4))
+    (2, 4)
+    """
+    return max(1, cluster.gpu_workers or cluster.threads)
 
 
 def exchange_tasks(depth: tuple) -> int:
@@ -260,6 +284,22 @@ def default_block_steps(steps: int, chunks: tuple, depth: tuple, itemsize: int,
         return ratio / k + grown
 
     return min(range(1, cap + 1), key=cost)
+
+
+def warn_single_steps(kernel_name: str, hazards: tuple, block: int) -> None:
+    """Say (once per call site) that ``iterate`` runs one step a task over the chunks as
+    given, where blocks of ``block`` steps would have cut its tasks, and why: blocks
+    and groups are exact only for a kernel that cannot tell where its chunk begins."""
+    from dask.array.core import PerformanceWarning
+
+    more = f" (and {len(hazards) - 1} more)" if len(hazards) > 1 else ""
+    warnings.warn(PerformanceWarning(
+        f"iterate runs {kernel_name!r} one step a task over the chunks as given, where "
+        f"blocks of {block} steps would cut its tasks {block}-fold: daskgpu cannot show "
+        f"that its results do not depend on where a chunk begins or ends, since it "
+        f"{hazards[0]}{more}. If they do not, pass block_steps= (and group=True to merge "
+        "chunks); block_steps=1 keeps one step a task and silences this"),
+        stacklevel=user_level())
 
 
 def block_lengths(steps: int, block: int) -> tuple:

@@ -205,13 +205,18 @@ class MapPlan:
 
 def plan_map(kernel, args, *, depth=None, boundary=None, tpb=0, name=None, grid_ndim=None,
              split_every=None, token=None, dtype=None, meta=None, drop_axis=None,
-             new_axis=None, timeout=None, group=None, chunks=None, layer) -> MapPlan:
+             new_axis=None, timeout=None, group=None, chunks=None, layer, group_bytes=None,
+             group_spread=None, layout_warning=True) -> MapPlan:
     """Validate a ``map_kernel`` call and plan it (see :class:`MapPlan`).
 
     ``layer`` is the graph layer in use (:mod:`.graphs.hlg`, :mod:`.graphs.expr`):
     its ``align(arrays, ndim)`` unifies the chunks of the dask arrays and
     :class:`Out` placeholders, returning ``(aligned, out_chunks)``, and its
-    ``regroup(array, chunks)`` gives an array larger chunks.
+    ``regroup(array, chunks)`` gives an array larger chunks. ``group_bytes`` is the
+    group size that ``group`` None or True stands for (None: the
+    ``daskgpu.launch-bytes`` setting), ``group_spread(cluster_facts)`` the groups
+    that size leaves at least (None: one per GPU thread of the cluster); ``layout_warning=False``
+    leaves saying why chunks are not grouped to the caller, which reads ``hazards``.
     """
     check_kernel(kernel)
     if operator.index(tpb) < 0:
@@ -245,7 +250,9 @@ def plan_map(kernel, args, *, depth=None, boundary=None, tpb=0, name=None, grid_
     grouped = None
     if chunks is None and _may_group(params, ndim):  # chunks=: the user's, as given
         grouped = _grouping(kernel.__name__, hazards, params, arrays, out_chunks, group,
-                            cluster)
+                            cluster, group_bytes,
+                            None if group_spread is None else group_spread(cluster),
+                            layout_warning)
     deepened = _deep_enough(grouped or out_chunks, depth, boundary, ndim, layer)
     if deepened is not None:
         grouped = deepened
@@ -320,7 +327,8 @@ def _meta_base(arrays):
 
 # -- launches sized for the GPU ---------------------------------------------------
 
-def _grouping(kernel_name, hazards, params, arrays, chunks, group, cluster):
+def _grouping(kernel_name, hazards, params, arrays, chunks, group, cluster, group_bytes=None,
+              spread=None, warn=True):
     """The groups the map launches over, or None for one launch per chunk.
 
     With ``group`` None (the default), chunks are grouped only where the kernel's
@@ -329,12 +337,13 @@ def _grouping(kernel_name, hazards, params, arrays, chunks, group, cluster):
     ``PerformanceWarning`` says why and how to group anyway (``group=True``).
     """
     per_element, fixed = launch_footprint(params, arrays)
-    grouped = group_chunks(chunks, per_element, launch_bytes(group, cluster), fixed=fixed,
-                           min_groups=least_groups(group, cluster.threads))
+    grouped = group_chunks(chunks, per_element, launch_bytes(group, cluster, group_bytes),
+                           fixed=fixed, min_groups=least_groups(
+                               group, cluster.threads if spread is None else spread))
     if grouped is None or group is not None or not hazards:
         return grouped
     launches, groups = math.prod(len(c) for c in chunks), math.prod(len(g) for g in grouped)
-    if launches >= 4 * groups:
+    if warn and launches >= 4 * groups:
         warn_per_chunk(kernel_name, hazards, launches, groups)
     return None
 
@@ -360,10 +369,10 @@ def warn_per_chunk(kernel_name, hazards, launches, groups, fix="pass group=True"
         f"launches sized for the GPU would be {groups:,}): daskgpu cannot show that its "
         f"results do not depend on where a launch begins or ends, since it {hazards[0]}"
         f"{more}. If they do not, {fix} to launch the chunks in groups; group=False keeps "
-        "one launch per chunk and silences this"), stacklevel=_user_level())
+        "one launch per chunk and silences this"), stacklevel=user_level())
 
 
-def _user_level() -> int:
+def user_level() -> int:
     """The stack level of the first frame outside daskgpu: the user's call."""
     import sys
 

@@ -29,17 +29,17 @@ def test_heat_wave_and_life_equal_numpy_loops_on_two_workers(client):
     x = rng.random((7, 6)).astype(np.float32)
     u0 = da.from_array(x, chunks=((3, 4), (2, 4)))
     heat = dg.iterate(heat_2d, dg.Out(np.float32, like=u0), u0, A, steps=3, depth=1,
-                      boundary=0.5, block_steps=2, tpb=16)
+                      boundary=0.5, group=False, block_steps=2, tpb=16)
     w = rng.random(13).astype(np.float32)
     w0 = da.from_array(w, chunks=(4, 6, 3))
     c2 = da.full(13, 0.3, dtype=np.float32, chunks=(4, 6, 3))
     wave = dg.iterate(wave_1d, dg.Out(np.float32, like=w0), w0, w0, c2, steps=5, depth=1,
-                      boundary="periodic", block_steps=2, tpb=16,
+                      boundary="periodic", group=False, block_steps=2, tpb=16,
                       state={"u": "u_next", "u_prev": "u"})
     board = (rng.random((8, 7)) < 0.4).astype(np.uint8)
     b0 = da.from_array(board, chunks=((3, 5), (4, 3)))
     gens = dg.iterate(life, dg.Out(np.uint8, like=b0), b0, steps=3, depth=1,
-                      boundary="periodic", block_steps=2, tpb=16)
+                      boundary="periodic", group=False, block_steps=2, tpb=16)
     got_heat, (got_u, got_prev), got_life = dask.compute(heat, wave, gens)
     np.testing.assert_allclose(
         got_heat, stencils.loop(stencils.heat(A), [x], [], 3, 1, 0.5)[0], rtol=1e-6)
@@ -82,7 +82,7 @@ def test_only_halos_move_between_workers(client):
               for half, w in zip(np.split(x, 2), (a, b))]
     u0 = da.concatenate(halves)
     u = dg.iterate(heat_1d, dg.Out(x.dtype, like=u0), u0, 0.25, steps=steps, depth=1,
-                   boundary="periodic", block_steps=block, tpb=16)
+                   boundary="periodic", group=False, block_steps=block, tpb=16)
     client.run(_clear)
     # Chunks here are a few hundred bytes (the simulator runs a thread per cell), so cheap
     # to move that the scheduler could spread the work between workers as it likes: tell

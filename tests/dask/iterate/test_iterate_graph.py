@@ -32,7 +32,7 @@ def test_the_graph_holds_at_most_a_third_of_a_loop_of_map_kernel_steps(simulate)
 def test_a_block_is_one_layer_of_launches_that_asks_as_a_map_does(simulate):
     u0 = da.zeros(12, chunks=4, dtype=np.float32)
     u = dg.iterate(heat_1d, dg.Out(np.float32, like=u0), u0, A, steps=10, depth=1,
-                   boundary="periodic", block_steps=4, timeout=30)
+                   boundary="periodic", group=False, block_steps=4, timeout=30)
     graph = dict(u.__dask_graph__())
     found = [launch for task in graph.values()
              for _, launch, _ in launches_in(task, graph.get)]
@@ -76,8 +76,8 @@ def test_the_default_block_and_the_blocks():
 
 @pytest.mark.parametrize("kwargs, error, match", [
     (dict(steps=-1), ValueError, "steps"),
-    (dict(steps=2, block_steps=0), ValueError, "block_steps"),
-    (dict(steps=4, block_steps=4), ValueError, "use block_steps of at most 2"),
+    (dict(steps=2, group=False, block_steps=0), ValueError, "block_steps"),
+    (dict(steps=4, group=False, block_steps=4), ValueError, "use block_steps of at most 2"),
     (dict(steps=2, boundary="wrap"), ValueError, "boundary"),
     (dict(steps=2, state={"v": "out"}), ValueError, "no parameter of kernel 'heat_1d'"),
     (dict(steps=2, state={"a": "out"}), ValueError, "must be a dask array input"),
