@@ -10,8 +10,8 @@ Python thread.
 import dask.array as da
 import numpy as np
 import pytest
-from kit import stencils
 from dask.array.core import PerformanceWarning
+from kit import stencils
 from kit.kernels import heat_1d, heat_2d, heat_3d, life, minus_first, wave_1d
 
 import daskgpu as dg
