@@ -101,13 +101,15 @@ def test_the_default_block_runs_the_steps_in_fewer_tasks(simulate):
     np.testing.assert_allclose(u.compute(), want, rtol=1e-6)
 
 
-def test_chunks_merge_by_default_into_fewer_tasks_with_the_same_steps(simulate):
+@pytest.mark.parametrize("boundary", ["periodic", "none"])
+def test_chunks_merge_by_default_into_fewer_tasks_with_the_same_steps(simulate, boundary):
+    # Merged into one chunk, "none" exchanges no halo at all: nothing lies beyond it.
     x = _field((12, 12))
     u0 = da.from_array(x, chunks=3)  # 16 chunks
-    kw = dict(steps=5, depth=1, boundary="periodic", tpb=16)
+    kw = dict(steps=5, depth=1, boundary=boundary, tpb=16)
     u = dg.iterate(heat_2d, dg.Out(np.float32, like=u0), u0, A, **kw)
     apart = dg.iterate(heat_2d, dg.Out(np.float32, like=u0), u0, A, group=False, **kw)
-    (want,) = stencils.loop(stencils.heat(A), [x], [], 5, 1, "periodic")
+    (want,) = stencils.loop(stencils.heat(A), [x], [], 5, 1, boundary)
     assert u.npartitions < u0.npartitions == apart.npartitions
     assert len(dict(u.__dask_graph__())) < len(dict(apart.__dask_graph__()))
     np.testing.assert_allclose(u.compute(), want, rtol=1e-6)

@@ -50,6 +50,20 @@ def test_heat_wave_and_life_equal_numpy_loops_on_two_workers(client):
                                                           "periodic")[0])
 
 
+def test_by_default_chunks_merge_into_a_group_per_gpu_worker(client):
+    from daskgpu._dask.cluster_facts import cluster_facts
+
+    gpus = cluster_facts().gpu_workers
+    x = np.random.default_rng(3).random((16, 12)).astype(np.float32)
+    u0 = da.from_array(x, chunks=4)  # 12 chunks
+    u = dg.iterate(heat_2d, dg.Out(np.float32, like=u0), u0, A, steps=5, depth=1,
+                   boundary="periodic", tpb=16)
+    assert gpus == 2 and u.npartitions == gpus
+    np.testing.assert_allclose(
+        u.compute(), stencils.loop(stencils.heat(A), [x], [], 5, 1, "periodic")[0],
+        rtol=1e-6)
+
+
 def _bandwidth(dask_scheduler=None, dask_worker=None, value=None):
     """Set the network bandwidth the scheduler plans with (workers report theirs in each
     heartbeat, which the scheduler averages in); return the one it had."""

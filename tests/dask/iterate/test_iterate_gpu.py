@@ -62,3 +62,23 @@ def test_life_on_cupy_chunks_stays_cupy_and_is_exact(on_gpu):
     assert type(got).__module__.startswith("cupy")
     (want,) = stencils.loop(stencils.life, [board], [], 9, 1, 0)
     np.testing.assert_array_equal(cp.asnumpy(got), want)
+
+
+@pytest.mark.parametrize("on_device", [False, True])
+@pytest.mark.parametrize("boundary", ["none", 0.5])
+def test_the_default_layout_merges_chunks_and_blocks_steps_exactly(on_gpu, on_device,
+                                                                   boundary):
+    # One group spans each axis: with "none" no halo is exchanged at all, with a
+    # constant the block's halo is the boundary, filled again after each step.
+    x = np.random.default_rng(4).random((70, 45)).astype(np.float32)
+    u0 = da.from_array(x, chunks=((20, 30, 20), (25, 20)))
+    if on_device:
+        cp = pytest.importorskip("cupy")
+        u0 = u0.map_blocks(cp.asarray)
+    u = dg.iterate(heat_2d, dg.Out(np.float32, like=u0), u0, A, steps=11, depth=1,
+                   boundary=boundary)
+    assert u.npartitions == 1 < u0.npartitions
+    got = u.compute()
+    got = got.get() if on_device else got
+    (want,) = stencils.loop(stencils.heat(A), [x], [], 11, 1, boundary)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
