@@ -168,6 +168,10 @@ def iterate(kernel: Any, *args: Any, steps: int, depth: Any = None, boundary: An
     ndim = mp.ndim
     halo, bounds = layer.coerce_halo(ndim, 0 if depth is None else depth, boundary)
     one = tuple(_depth(halo[ax], ax) for ax in range(ndim))
+    # No halo where one chunk spans an axis without a boundary, as after merging: nothing
+    # lies beyond it, and Dask's overlap would only copy the chunk to add nothing.
+    one = tuple(d if len(mp.out_chunks[ax]) > 1 or bounds[ax] != "none" else 0
+                for ax, d in enumerate(one))
     fills = planning.fills_of(bounds, ndim) if any(one) else ()
     # group=True or a size: the user vouches that where a chunk begins does not matter.
     vouched = group is not None and group is not False

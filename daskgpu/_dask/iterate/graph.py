@@ -69,8 +69,7 @@ def build(plan: IteratePlan, layer) -> tuple:
     chunk_sources = {source for p, source in mp.params if isinstance(p, ChunkParam)}
     target_sources = {mp.params[t].source: t for t in targets}
     for b, steps in enumerate(plan.blocks):
-        depth = {ax: steps * d if _exchanges(plan, ax) else 0
-                 for ax, d in enumerate(plan.depth)}
+        depth = {ax: steps * d for ax, d in enumerate(plan.depth)}
         sources = [current[target_sources[i]] if i in target_sources else a
                    for i, a in enumerate(mp.aligned)]
         used = sorted(chunk_sources)
@@ -107,13 +106,6 @@ def build(plan: IteratePlan, layer) -> tuple:
             results = [layer.trim(r, depth, plan.boundary) for r in results]
         current = dict(zip(targets, results))
     return tuple(current[t] for t in targets)
-
-
-def _exchanges(plan: IteratePlan, axis: int) -> bool:
-    """Whether blocks take a halo along ``axis``: not where one chunk spans it and its
-    edges take nothing (``boundary="none"``), as after merging chunks, where Dask's
-    overlap would only copy each chunk whole to add nothing."""
-    return len(plan.map.out_chunks[axis]) > 1 or plan.boundary[axis] != "none"
 
 
 def _step(plan: IteratePlan):

@@ -92,7 +92,8 @@ class IteratePlan:
         ``target`` (a dask array input) holds what ``source`` (an output, or
         another state input) held.
     depth : tuple of int
-        One step's halo per axis.
+        One step's halo per axis: 0 along an axis one chunk spans without a
+        boundary, where nothing lies beyond the chunk.
     boundary : dict
         Per axis, as Dask coerces ``map_overlap``'s ``boundary``.
     steps : int
