@@ -198,11 +198,11 @@ def test_scale_is_bounded_by_devices(cluster, client):
 
 
 @pytest.mark.slow
-def test_config_restored_after_close():
+def test_config_restored_after_close(cluster):
     with dask.config.set({"daskgpu.simulate": False}):
         with dg.LocalGPUCluster(simulate=True, processes=False, dashboard_address=":0") as c:
             assert c.simulated and backends.current().simulated is True
-        # The module's simulated cluster is still open: simulation stays on for it
+        # The module's simulated cluster (the fixture) is still open: simulation stays on for it
         # (tests/dask/test_cluster_simulate.py checks the setting coming back).
         assert backends.current().simulated is True
 
