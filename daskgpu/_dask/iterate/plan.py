@@ -58,8 +58,10 @@ def group_spread(cluster) -> int:
     Examples
     --------
     >>> from daskgpu._dask.cluster_facts import ClusterFacts
-    >>> group_spread(ClusterFacts(gpu_workers=2, threads=8)), group_spread(ClusterFacts(threads=4))
-    (2, 4)
+    >>> group_spread(ClusterFacts(gpu_workers=2, threads=8))
+    2
+    >>> group_spread(ClusterFacts(threads=4)), group_spread(ClusterFacts())
+    (4, 1)
     """
     return max(1, cluster.gpu_workers or cluster.threads)
 

@@ -212,11 +212,13 @@ def plan_map(kernel, args, *, depth=None, boundary=None, tpb=0, name=None, grid_
     ``layer`` is the graph layer in use (:mod:`.graphs.hlg`, :mod:`.graphs.expr`):
     its ``align(arrays, ndim)`` unifies the chunks of the dask arrays and
     :class:`Out` placeholders, returning ``(aligned, out_chunks)``, and its
-    ``regroup(array, chunks)`` gives an array larger chunks. ``group_bytes`` is the
-    group size that ``group`` None or True stands for (None: the
-    ``daskgpu.launch-bytes`` setting), ``group_spread(cluster_facts)`` the groups
-    that size leaves at least (None: one per GPU thread of the cluster); ``layout_warning=False``
-    leaves saying why chunks are not grouped to the caller, which reads ``hazards``.
+    ``regroup(array, chunks)`` gives an array larger chunks.
+
+    ``group_bytes`` is the group size that ``group`` None or True stands for
+    (None: the ``daskgpu.launch-bytes`` setting), ``group_spread(cluster_facts)``
+    how many groups that size leaves at least (None: one per GPU thread of the
+    cluster). ``layout_warning=False`` leaves saying why chunks are not grouped
+    to the caller, which reads ``hazards``.
     """
     check_kernel(kernel)
     if operator.index(tpb) < 0:
