@@ -76,8 +76,9 @@ def main(n=None, simulate=None, cluster=None, generations=None, chunks=2, block_
         seconds = time.perf_counter() - t0
 
         np.testing.assert_array_equal(result, reference(board, generations))
-        print(f"{generations} generations of a {n}x{n} board in {b0.numblocks} chunks"
-              f"{' (simulated)' if simulated else ''}: {seconds:.3f} s, matches NumPy; "
+        print(f"{generations} generations of a {n}x{n} board in {b0.numblocks} chunks, "
+              f"stepped in {final.numblocks}{' (simulated)' if simulated else ''}: "
+              f"{seconds:.3f} s, matches NumPy; "
               f"{int(result.sum())} cells alive")
         return result
 
