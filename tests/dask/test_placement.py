@@ -20,7 +20,8 @@ import pytest
 from dask.utils import key_split
 from distributed import Client, get_task_stream, wait
 from distributed.diagnostics.plugin import SchedulerPlugin
-from kit.kernels import scale
+from kit import stencils
+from kit.kernels import heat_1d, scale
 from layers import EXPRESSIONS, hlg_only, launch_restrictions
 
 import daskgpu as dg
@@ -214,6 +215,24 @@ def test_10000_small_chunks_group_into_a_few_launches_on_gpu_workers_on_a_cluste
     assert len(launched) == y.numblocks[0] and plain not in launched, ran
     # Nothing per chunk in the graph: the source is read in the groups' pieces.
     assert len(stream.data) <= 3 * y.numblocks[0], [r["key"] for r in stream.data][:12]
+
+
+@pytest.mark.slow
+def test_10000_chunks_iterate_in_a_group_per_gpu_worker_on_a_cluster_by_hand(mixed_cluster):
+    # The groups follow the GPU workers the client sees (two), not the plain one, and
+    # the blocks run on those workers.
+    client = mixed_cluster
+    plain = _plain_worker(client)
+    xn = np.random.default_rng(5).random(10_000).astype(np.float32)
+    u0 = da.from_array(xn, chunks=1)
+    u = dg.iterate(heat_1d, dg.Out(np.float32, like=u0), u0, np.float32(0.2), steps=3,
+                   depth=1, boundary="periodic", tpb=64)
+    assert u.numblocks == (2,), u.numblocks
+    got, counts, launching = _launch_tasks_run_on(client, u)
+    (want,) = stencils.loop(stencils.heat(np.float32(0.2)), [xn], [], 3, 1, "periodic")
+    np.testing.assert_allclose(got, want, rtol=1e-5)
+    assert sum(counts.values()) == launching == 2, counts  # one block of 3 steps a group
+    assert counts.get(plain, 0) == 0, counts
 
 
 _KERNELS = '''
