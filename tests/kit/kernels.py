@@ -201,6 +201,16 @@ def where_am_i(out, start):
         out[i] = start + i
 
 
+@dg.jit
+def fails_at_85(out, x, start):
+    """``out[i] = x[i]``, raising at global element 85 (``start`` is ``dg.offset``)."""
+    i = cuda.grid(1)
+    if i < out.size:
+        if start + i == 85:
+            raise ValueError("element 85 is bad")
+        out[i] = x[i]
+
+
 # -- kernels whose results depend on where their launch begins or ends -------------
 # map_kernel launches them once per chunk by default: grouping chunks would change them.
 

@@ -174,7 +174,7 @@ class BlockLaunch(LaunchTask):
         second step on, only the states' and outputs' arguments change, and a launch
         repeated on device arrays takes the runtime's fast path.
         """
-        block_id, block, start = place.block_id, place.shape, place.start
+        block_id, block, start, members = place
         state = {p: values[i] for p, i in self.initial}
         fixed = {i: values[i] for kind, i in self.slots if kind != "state"}
         ours = set()  # ids of the buffers this task made: only those are written
@@ -194,7 +194,7 @@ class BlockLaunch(LaunchTask):
                              backends.for_image(step.kernel.images[0]), chain, True)
         launch, args, fill_launches = None, None, {}
         spare = []  # buffers no state holds any more: the next step's outputs
-        with faults.in_chunk(self.kernel_name, block_id, shape, start):
+        with faults.in_chunk(self.kernel_name, block_id, shape, start, members):
             for _ in range(self.steps):
                 buffers = {p: self._buffer(spare, ours, p, shape, chain, xp)
                            for p in self.outputs}

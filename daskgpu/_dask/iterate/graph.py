@@ -21,16 +21,16 @@ from daskgpu._dask.cluster_facts import check_chunk_fits
 from daskgpu._dask.iterate.block_task import BlockLaunch
 from daskgpu._dask.iterate.plan import IteratePlan
 from daskgpu._dask.launch_core.resources import GPU, GPU_MEMORY, LAUNCH_SHARE
+from daskgpu._dask.map_kernel.api import chunk_places
 from daskgpu._dask.map_kernel.chunk_params import (
     ChunkParam,
-    ChunkPlaces,
     OutParam,
     ValueParam,
     WholeParam,
 )
 from daskgpu._dask.map_kernel.chunk_task import ChunkLaunch, ChunkMemory
 
-__all__ = ["build", "exchange", "places"]
+__all__ = ["build", "exchange"]
 
 
 def exchange(layer, arrays, depth: dict, boundary: dict) -> list:
@@ -39,17 +39,6 @@ def exchange(layer, arrays, depth: dict, boundary: dict) -> list:
     if not any(depth.values()):
         return list(arrays)
     return layer.overlap(list(arrays), depth, boundary)
-
-
-def places(block_chunks, chunks, depth, boundary) -> ChunkPlaces:
-    """Each extended block's id, shape and global start (a halo moves a start down by its
-    depth, except at an edge without one, ``boundary="none"``)."""
-    starts = []
-    for ax, (axis_chunks, d) in enumerate(zip(chunks, depth)):
-        edge = boundary[ax] != "none"
-        axis = np.cumsum((0,) + tuple(axis_chunks[:-1])).tolist()
-        starts.append(tuple(s - d if b > 0 or edge else s for b, s in enumerate(axis)))
-    return ChunkPlaces(block_chunks, starts)
 
 
 def build(plan: IteratePlan, layer) -> tuple:
@@ -68,6 +57,7 @@ def build(plan: IteratePlan, layer) -> tuple:
     base = tokenize(mp.name, plan.steps, plan.blocks, plan.feeds)
     chunk_sources = {source for p, source in mp.params if isinstance(p, ChunkParam)}
     target_sources = {mp.params[t].source: t for t in targets}
+    left = tuple(plan.boundary[ax] != "none" for ax in range(ndim))  # a halo at 0 too
     for b, steps in enumerate(plan.blocks):
         depth = {ax: steps * d for ax, d in enumerate(plan.depth)}
         sources = [current[target_sources[i]] if i in target_sources else a
@@ -77,8 +67,9 @@ def build(plan: IteratePlan, layer) -> tuple:
                                            plan.boundary)))
         blocks = [extended.get(i) for i in range(len(mp.aligned))]
         block_chunks = broadcast_chunks(*(extended[i].chunks for i in used))
-        where = places(block_chunks, mp.out_chunks, tuple(depth[ax] for ax in range(ndim)),
-                       plan.boundary)
+        # Merged, each block also names the user's chunks it holds: errors speak of those.
+        where = chunk_places(block_chunks, mp.out_chunks, tuple(depth[ax] for ax in range(ndim)),
+                             left, mp.user_chunks if mp.grouped else None)
         fn = BlockLaunch(step, slots, initial, plan.feeds, plan.outputs, targets, steps,
                          _dtypes(plan), plan.fills, plan.fill_kernels, plan.shape,
                          timeout=mp.timeout,

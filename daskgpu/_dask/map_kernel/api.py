@@ -40,7 +40,7 @@ from daskgpu._dask.map_kernel.plan import MapPlan, plan_map
 from daskgpu._dask.map_kernel.reduction import mapped_axes
 from daskgpu._image.random_states import STATE_DTYPE
 
-__all__ = ["Out", "graph_layer", "map_kernel", "offset"]
+__all__ = ["Out", "chunk_places", "graph_layer", "map_kernel", "offset"]
 
 
 # -- building the graph -------------------------------------------------------
@@ -315,7 +315,7 @@ def _halo(plan: MapPlan, layer):
     return overlapped, tuple(int(depth[ax]) for ax in range(ndim)), left, (depth, boundary)
 
 
-def _places(block_chunks, out_chunks, halo, left, user_chunks=None) -> ChunkPlaces:
+def chunk_places(block_chunks, out_chunks, halo, left, user_chunks=None) -> ChunkPlaces:
     """Each block's id, shape and start: a halo moves a chunk's start down by its depth.
     Grouped (``user_chunks`` given), each also names the user's chunks it holds."""
     starts = []
@@ -352,7 +352,7 @@ def _build(plan: MapPlan, layer) -> tuple:
     # Outputs are allocated in the task that launches on them: a task per
     # output chunk would double the graph and the scheduler's work.
     block_chunks = broadcast_chunks(*(b.chunks for b in blocks))
-    places = _places(block_chunks, plan.out_chunks, halo, left,
+    places = chunk_places(block_chunks, plan.out_chunks, halo, left,
                      plan.user_chunks if plan.grouped else None)
     task_args = plan.task_sources(blocks)
     need = _chunk_memory(plan, task_args, block_chunks)

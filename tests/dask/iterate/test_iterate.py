@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from dask.array.core import PerformanceWarning
 from kit import stencils
-from kit.kernels import heat_1d, heat_2d, heat_3d, life, minus_first, wave_1d
+from kit.kernels import fails_at_85, heat_1d, heat_2d, heat_3d, life, minus_first, wave_1d
 
 import daskgpu as dg
 
@@ -131,6 +131,15 @@ def test_a_kernel_that_can_tell_where_its_chunk_begins_runs_one_step_a_task(simu
                              **kw)
     assert u.chunks == u0.chunks
     np.testing.assert_array_equal(u.compute(), want.compute())
+
+
+def test_a_kernel_error_in_merged_chunks_names_the_users_chunk(simulate):
+    u0 = da.from_array(np.arange(160, dtype=np.float32), chunks=16)  # 85 is in chunk 5
+    u = dg.iterate(fails_at_85, dg.Out(np.float32, like=u0), u0, dg.offset, steps=2)
+    assert u.numblocks[0] < u0.numblocks[0]
+    with pytest.raises(ValueError, match=r"on chunk \(5,\) at offset \(80,\) \(in a grouped "
+                                         r"launch over chunks \(0,\) to \(9,\)\).*element 85"):
+        u.compute()
 
 
 def test_zero_steps_give_the_initial_state(simulate):

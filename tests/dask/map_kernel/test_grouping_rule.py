@@ -12,6 +12,7 @@ from dask.array.core import PerformanceWarning
 from kit.kernels import (
     chunk_cumsum,
     chunk_index,
+    fails_at_85,
     hist,
     minus_first,
     saxpy,
@@ -36,15 +37,6 @@ def lookup(out, x, lut):
     i = cuda.grid(1)
     if i < out.size:
         out[i] = lut[int(x[i]) % lut.size]
-
-
-@dg.jit
-def fails_at_85(out, x, start):
-    i = cuda.grid(1)
-    if i < out.size:
-        if start + i == 85:
-            raise ValueError("element 85 is bad")
-        out[i] = x[i]
 
 
 def _x(n=1024, chunks=16):

@@ -205,6 +205,6 @@ def test_the_launch_key_annotation_changes_no_task_of_the_optimized_graph():
 def test_a_place_reaches_dask_as_a_data_node_it_need_not_search_for_keys():
     from dask._task_spec import DataNode
 
-    places = mapping._places(((4, 4, 2),), ((4, 4, 2),), (0,), (False,))
+    places = mapping.chunk_places(((4, 4, 2),), ((4, 4, 2),), (0,), (False,))
     node = places.get((2,), None)  # as dask asks
     assert isinstance(node, DataNode) and node.value == places[2,] == ((2,), (2,), (8,), None)
